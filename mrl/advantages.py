@@ -1,0 +1,123 @@
+"""Advantage estimators: pure tensor functions, no config, no device moves.
+
+Shapes: B prompts, G rollouts per prompt, K reward channels, N = B*G sequences, T completion tokens.
+
+How each departs from PPO (Schulman et al., 2017, GAE: Schulman et al., 2016):
+- GRPO (Shao et al., 2024, DeepSeekMath): no critic; the baseline is the group of G rollouts of the same prompt.
+  Multi-reward GRPO sums the weighted channels first, then normalizes the sum within the group.
+- GDPO (Liu et al., 2026, arXiv 2601.05242): normalizes every channel within its group *before* the weighted sum,
+  then normalizes the sum over the whole batch, so a loud channel cannot swallow a quiet one and distinct reward
+  combinations keep distinct advantages.
+- DAPO (Yu et al., 2025) keeps GRPO's estimator; its changes (dynamic sampling of live groups, clip-higher,
+  token-mean loss, overlong shaping) live in the rollout stage and the loss, not here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_finite(rewards: Tensor, channel_names: list[str] | None = None) -> None:
+    """Raise ValueError naming the first channel that holds NaN or inf.  rewards: [B, G, K]."""
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        k = int(bad.reshape(-1, rewards.shape[-1]).any(0).nonzero()[0])
+        name = channel_names[k] if channel_names else f"#{k}"
+        raise ValueError(f"reward channel {name!r} holds NaN or inf: advantages need finite rewards")
+
+
+def _weights(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
+    """Weights as a [K] tensor on rewards' device; None means all ones."""
+    num_channels = rewards.shape[-1]
+    if weights is None:
+        return torch.ones(num_channels, dtype=rewards.dtype, device=rewards.device)
+    weights = torch.as_tensor(weights, dtype=rewards.dtype, device=rewards.device)
+    if weights.shape != (num_channels,):
+        raise ValueError(f"expected {num_channels} channel weights, got shape {tuple(weights.shape)}")
+    return weights
+
+
+def group_normalize(scores: Tensor, eps: float = 1e-6) -> Tensor:
+    """(s - group mean) / (group std + eps) along dim 1, std unbiased (as torch.std and TRL).
+
+    scores: [B, G, ...] -> same shape.  A group that does not vary gets exactly 0, not 0/eps noise.
+    """
+    mean = scores.mean(dim=1, keepdim=True)
+    std = scores.std(dim=1, keepdim=True)
+    centered = scores - mean
+    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+
+
+def grpo_advantages(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """Sum-then-normalize.  rewards: [B, G, K] -> advantages [B, G].
+
+    >>> grpo_advantages(torch.tensor([[[0.], [1.]]]))  # doctest: +ELLIPSIS
+    tensor([[-0.7071,  0.7071]])
+    """
+    check_finite(rewards)
+    total = (rewards * _weights(rewards, weights)).sum(-1)  # [B, G]
+    return group_normalize(total, eps)
+
+
+def gdpo_advantages(
+    rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6, batch_norm: bool = True
+) -> Tensor:
+    """Normalize-then-sum (GDPO).  rewards: [B, G, K] -> advantages [B, G].
+
+    Each channel is normalized within its group (a channel that does not vary there contributes 0), the normalized
+    channels are summed with their weights, and, if batch_norm, the sum is normalized over all B*G entries.
+    """
+    check_finite(rewards)
+    per_channel = group_normalize(rewards, eps)  # [B, G, K]
+    summed = (per_channel * _weights(rewards, weights)).sum(-1)  # [B, G]
+    if not batch_norm:
+        return summed
+    flat = summed.reshape(-1)
+    std = flat.std() if flat.numel() > 1 else flat.new_zeros(())
+    if std <= 0:
+        return torch.zeros_like(summed)
+    return (summed - flat.mean()) / (std + eps)
+
+
+def dead_groups(rewards: Tensor) -> Tensor:
+    """rewards: [B, G, K] -> BoolTensor [B]: True where no channel varies within the group.
+
+    Tested per channel, not on the sum: channels that vary but cancel in the sum still carry GDPO signal.
+    """
+    return (rewards == rewards[:, :1]).all(dim=2).all(dim=1)
+
+
+def gae_advantages(
+    rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over the completion tokens of each sequence.
+
+    rewards: [N, T] per-token rewards; values: [N, T] critic value of the state before each token;
+    mask: [N, T] 1 on tokens the policy generated, 0 on padding and tool observations (skipped: the recursion
+    jumps from one generated token to the next, so an observation is part of the environment's transition).
+    Returns (advantages [N, T], returns [N, T]), both 0 where mask is 0.
+    """
+    mask = mask.to(values.dtype)
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(values.shape[0])  # [N] value after the last generated token: terminal, 0
+    next_advantage = values.new_zeros(values.shape[0])  # [N]
+    for t in reversed(range(values.shape[1])):
+        live = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage_t = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage_t * live
+        # Masked positions pass the next generated token's estimates through unchanged.
+        next_value = torch.where(live > 0, values[:, t], next_value)
+        next_advantage = torch.where(live > 0, advantage_t, next_advantage)
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """Normalize to zero mean, unit variance over the entries where mask is 1.  values, mask: [N, T]."""
+    mask = mask.to(values.dtype)
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
+    return (values - mean) * torch.rsqrt(var + eps) * mask

@@ -1,0 +1,58 @@
+"""The registry of advantage estimators: the one place where the trainers differ in how they turn rewards into
+advantages.  Everything else that distinguishes the presets in conf/algo/ (dynamic sampling, clip-higher, loss
+aggregation, overlong shaping, KL, conditions and constraints) is a config switch that combines with any estimator,
+so the training loop never asks which algorithm it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from mrl.advantages import gae_advantages, gdpo_advantages, grpo_advantages, masked_whiten
+
+# (rewards [B, G, K], weights [K], completion mask [N, T], values [N, T] or None, algo config)
+#   -> (advantages [N, T], returns [N, T] or None)
+TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", object], "tuple[Tensor, Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    token_advantages: TokenAdvantageFn
+    group_relative: bool  # advantages come from the group of G rollouts: G must be >= 2
+    needs_critic: bool  # a value function is trained alongside the policy
+
+
+def _broadcast(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
+    """[B, G] sequence advantages -> [N, T]: every generated token of a rollout shares its rollout's advantage."""
+    return sequence_advantages.reshape(-1, 1).to(mask.dtype) * mask
+
+
+def _grpo(rewards, weights, mask, values, cfg):
+    return _broadcast(grpo_advantages(rewards, weights, cfg.adv_eps), mask), None
+
+
+def _gdpo(rewards, weights, mask, values, cfg):
+    return _broadcast(gdpo_advantages(rewards, weights, cfg.adv_eps, cfg.gdpo_batch_norm), mask), None
+
+
+def _gae(rewards, weights, mask, values, cfg):
+    """PPO: the weighted channel sum is the reward of the last generated token; GAE over the critic's values."""
+    total = (rewards * weights).sum(-1).reshape(-1)  # [N]
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)  # [N] index of each rollout's last generated token
+    token_rewards = torch.zeros_like(values)
+    token_rewards[torch.arange(values.shape[0]), last] = total.to(values.dtype)
+    advantages, returns = gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "grpo": Estimator(_grpo, group_relative=True, needs_critic=False),
+    "gdpo": Estimator(_gdpo, group_relative=True, needs_critic=False),
+    "gae": Estimator(_gae, group_relative=False, needs_critic=True),
+}

@@ -1,0 +1,72 @@
+"""The `mrl` command.  `mrl train ...` hands its arguments, unchanged, to a real @hydra.main function, so
+overrides, -m/--multirun, --cfg and --help behave exactly as in any Hydra app (Hydra's compose API has no multirun
+and no run dir)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Multi-reward RL for LLM agents: PPO, GRPO, DAPO and GDPO in one transparent loop.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"mrl: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def hydra_train() -> None:
+    """Build and run the @hydra.main entry point (imports are deferred so `mrl --help` stays fast)."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    import mrl.config  # noqa: F401  registers the schemas
+    from mrl.config import CONF_DIR, UserError
+
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+    def main(cfg) -> None:
+        from mrl.loop import train
+        from mrl.rewards.channels import RewardError
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            train(cfg, run_dir)
+        except UserError as err:
+            _fail(str(err))
+        except RewardError as err:
+            _fail(f"{err}\n(run dir: {run_dir})", code=1)
+        print(f"mrl: run dir {run_dir}")
+
+    main()
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def train(ctx: typer.Context) -> None:
+    """Train. All arguments go to Hydra: overrides (algo=dapo trainer.seed=1), -m, --cfg job, --help."""
+    sys.argv = ["mrl train", *ctx.args]
+    hydra_train()
+
+
+@app.command()
+def report(
+    run_dirs: List[Path] = typer.Argument(..., help="Run dirs or multirun dirs (searched for metrics.jsonl)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG path (default: report.png in the first dir)."),
+    last: int = typer.Option(10, help="Final means are taken over this many last steps."),
+) -> None:
+    """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means."""
+    from mrl.report import ReportError, make_report
+
+    try:
+        png, table = make_report(run_dirs, out, last)
+    except ReportError as err:
+        _fail(str(err))
+    print(table)
+    print(f"\nplot: {png}\ntable: {png.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,201 @@
+"""Dataclass schemas for every config group, registered in Hydra's ConfigStore.
+
+Each YAML file in conf/<group>/ starts with `defaults: [<group>_schema, _self_]`, so a misspelt key or a value of the
+wrong type fails when the config is composed, with the key named, not 200 steps into a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class UserError(ValueError):
+    """A bad setting or input: the CLI prints the message alone (no traceback) and exits non-zero."""
+
+
+class Advantage(str, Enum):
+    grpo = "grpo"
+    gdpo = "gdpo"
+    gae = "gae"
+
+
+class LossAgg(str, Enum):
+    seq_mean = "seq_mean"
+    token_mean = "token_mean"
+
+
+class KLMode(str, Enum):
+    loss = "loss"  # k3 KL as a loss term, per token (GRPO paper)
+    reward = "reward"  # k3 KL summed over the sequence, as its own reward channel `kl_penalty` (PPO-RLHF style)
+
+
+class Critic(str, Enum):
+    model = "model"  # a separate value model: a copy of the policy's backbone plus a scalar head
+    head = "head"  # a scalar head on the policy's last hidden state, sharing its backbone
+
+
+class ChannelKind(str, Enum):
+    reward = "reward"
+    constraint = "constraint"
+
+
+class Enforce(str, Enum):
+    veto = "veto"  # a violating rollout gets the worst value seen on every channel
+    drop = "drop"  # a violating rollout is left out of the update
+
+
+@dataclass
+class AlgoConfig:
+    """One trainer.  The estimator comes from the registry in mrl/algos.py; every switch combines with every estimator."""
+
+    name: str = MISSING
+    advantage: Advantage = Advantage.grpo
+    # Per-channel weights overriding rewards.channels.<name>.weight; keys must be the channel names.
+    # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
+    weights: Any = None
+    gdpo_batch_norm: bool = True
+    adv_eps: float = 1e-6
+    epochs: int = 1  # passes over each batch (PPO epochs / GRPO mu)
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
+    loss_agg: LossAgg = LossAgg.seq_mean
+    kl_coef: float = 0.0  # 0 = no reference model is loaded
+    kl_mode: KLMode = KLMode.loss
+    entropy_coef: float = 0.0
+    # DAPO dynamic sampling: drop dead groups, draw more prompts until the batch is full or the cap is hit.
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 4
+    # DAPO overlong shaping: a penalty rising linearly over the last `overlong_buffer` tokens before
+    # max_new_tokens, logged as its own channel `overlong`.  0 turns it off.
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
+    # PPO: critic, GAE, value loss.
+    critic: Optional[Critic] = None
+    critic_lr: float = 1e-3
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+    vf_coef: float = 0.5  # weight of the value loss when the critic is a head sharing the policy's optimizer
+    whiten_advantages: bool = True  # PPO: normalize GAE advantages over the batch's generated tokens
+
+
+@dataclass
+class ChannelConfig:
+    """A reward channel: a callable built from `fn` (a `_target_` node) plus how it enters the advantage."""
+
+    fn: Any = MISSING
+    weight: float = 1.0
+    # A constraint with `enforce` set is enforced (veto or drop) instead of weighted; a value below
+    # `violation_below` is a violation.
+    kind: ChannelKind = ChannelKind.reward
+    enforce: Optional[Enforce] = None
+    violation_below: float = 0.0
+    # Conditioned reward (GDPO Eq. 8): pay this channel only where channel `condition_on` >= `threshold`.
+    condition_on: Optional[str] = None
+    threshold: float = 1.0
+
+
+@dataclass
+class RewardsConfig:
+    name: str = MISSING
+    task: Any = MISSING  # `_target_` node building the task: prompts and episode metadata
+    channels: dict[str, ChannelConfig] = field(default_factory=dict)
+
+
+@dataclass
+class TinyModelSpec:
+    """Architecture of the built-in random-init model (Llama layout)."""
+
+    vocab_size: int = 32
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 64
+    init_seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    # A hub id (`Qwen/Qwen3-0.6B`), a local model directory, or `builtin:tiny` for the built-in model.
+    name_or_path: str = MISSING
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    use_chat_template: bool = False  # wrap task prompts with the tokenizer's chat template
+    gradient_checkpointing: bool = False
+    attn_implementation: Optional[str] = None
+    tiny: Optional[TinyModelSpec] = None
+
+
+@dataclass
+class DeepSpeedConfig:
+    enabled: bool = False
+    stage: int = 0
+    bf16: bool = False
+    gradient_clipping: float = 1.0
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    backend: str = "none"  # wandb | none (metrics.jsonl is always written)
+    project: str = "mrl"
+    entity: Optional[str] = None
+    mode: str = "offline"  # offline | online | disabled
+    name: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    log_every: int = 10  # plain-line progress every N steps when stdout is not a terminal
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 400
+    seed: int = 0
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 8
+    temperature: float = 1.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 32
+    num_mini_batches: int = 1  # optimizer steps per epoch
+    save_every: int = 50
+    # false; true = the latest checkpoint in this run dir; or a path to a checkpoint or a run dir.
+    resume: Any = False
+    device: str = "auto"  # auto = cuda if present, else cpu
+
+
+@dataclass
+class TrainConfig:
+    algo: AlgoConfig = MISSING
+    rewards: RewardsConfig = MISSING
+    model: ModelConfig = MISSING
+    deepspeed: DeepSpeedConfig = MISSING
+    logger: LoggerConfig = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    for group, schema in [
+        ("algo", AlgoConfig),
+        ("rewards", RewardsConfig),
+        ("model", ModelConfig),
+        ("deepspeed", DeepSpeedConfig),
+        ("logger", LoggerConfig),
+    ]:
+        cs.store(group=group, name=f"{group}_schema", node=schema)
+
+
+register_configs()

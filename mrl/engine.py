@@ -1,0 +1,119 @@
+"""A module with its optimizer, behind one small interface: plain PyTorch, or a DeepSpeed ZeRO engine.
+
+The loop calls `accumulate(loss, last)` once per micro-batch; the optimizer steps after the last one.  Losses are
+already divided by the mini-batch's size (see mrl/losses.py), so neither path rescales them by the number of
+micro-batches, and that number may change from step to step (DAPO trains on however many live groups it found).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mrl.config import DeepSpeedConfig
+
+DS_TAG = "deepspeed"
+
+
+def init_single_process_group(device: torch.device) -> None:
+    """Without the deepspeed launcher, give DeepSpeed a one-process group (gloo on CPU, nccl on GPU)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29571", "RANK": "0", "WORLD_SIZE": "1",
+                       "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def deepspeed_config(cfg: DeepSpeedConfig, micro_batch_size: int, lr: float, weight_decay: float) -> dict[str, Any]:
+    """The dict `deepspeed.initialize` takes, from the `deepspeed/` config group."""
+    zero: dict[str, Any] = {"stage": cfg.stage}
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    if cfg.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        # Accumulation boundaries are set by the loop (set_gradient_accumulation_boundary), not counted.
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.gradient_clipping,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.bf16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.offload_optimizer:  # offloaded states need DeepSpeed's CPU Adam, named here rather than passed in
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": lr, "weight_decay": weight_decay}}
+    return config
+
+
+class Trainable:
+    """`module` trained by AdamW, optionally inside a DeepSpeed engine."""
+
+    def __init__(self, module: nn.Module, lr: float, weight_decay: float, grad_clip: float,
+                 ds: DeepSpeedConfig, micro_batch_size: int, device: torch.device):
+        self.grad_clip = grad_clip
+        params = [p for p in module.parameters() if p.requires_grad]
+        if ds.enabled:
+            import deepspeed
+
+            init_single_process_group(device)
+            config = deepspeed_config(ds, micro_batch_size, lr, weight_decay)
+            optimizer = None if "optimizer" in config else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=module, optimizer=optimizer, model_parameters=params, config=config
+            )
+            self.module = self.engine.module
+            self.zero_stage = ds.stage
+        else:
+            self.engine = None
+            self.module = module
+            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+            self.zero_stage = None
+
+    def __call__(self, *args, **kwargs):
+        return (self.engine or self.module)(*args, **kwargs)
+
+    def accumulate(self, loss: torch.Tensor, last: bool) -> float | None:
+        """Backward one micro-batch's loss; after the last, clip and step.  Returns the grad norm when it steps."""
+        if self.engine is not None:
+            self.engine.set_gradient_accumulation_boundary(last)
+            self.engine.backward(loss, scale_wrt_gas=False)
+            self.engine.step()
+            norm = self.engine.get_global_grad_norm() if last else None
+            return float(norm) if norm is not None else None
+        loss.backward()
+        if not last:
+            return None
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole module's weights on CPU, gathered from ZeRO-3 partitions when needed."""
+        if self.zero_stage == 3:
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+        else:
+            state = self.module.state_dict()
+        return {k: v.detach().cpu() for k, v in state.items()}
+
+    def save_optimizer(self, directory: Path) -> None:
+        if self.engine is not None:
+            self.engine.save_checkpoint(str(directory), tag=DS_TAG)
+        else:
+            torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+
+    def load_optimizer(self, directory: Path) -> None:
+        if self.engine is not None:
+            self.engine.load_checkpoint(str(directory), tag=DS_TAG)
+        else:
+            self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))

@@ -1,0 +1,327 @@
+"""train(cfg): the whole training loop, top to bottom, for every algorithm.
+
+How it departs from the textbook PPO/GRPO loop:
+- rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
+  registry in mrl/algos.py, combines them; the loop itself never asks which algorithm it runs;
+- dynamic sampling (DAPO) is a switch on any estimator: dead groups, in which no channel varies, are dropped and
+  more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
+- losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
+  aggregations (seq_mean, token_mean) and for any number of live groups.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+
+from mrl.advantages import check_finite, dead_groups
+from mrl.algos import ESTIMATORS
+from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
+from mrl.config import UserError
+from mrl.engine import Trainable
+from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
+from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
+from mrl.rewards.channels import build_reward_set
+from mrl.rollout import Rollouts, generate, policy_forward, value_forward
+from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`.
+
+    Returns the last step's metrics."""
+    algo, trainer = cfg.algo, cfg.trainer
+    run_dir.mkdir(parents=True, exist_ok=True)
+    estimator = ESTIMATORS[algo.advantage.value]
+    validate(cfg, estimator.group_relative)
+    seed_everything(trainer.seed)
+    device = pick_device(trainer.device)
+    reward_set = build_reward_set(cfg.rewards, algo)
+    task_channels = [k for k, name in enumerate(reward_set.names) if name != "kl_penalty"]
+    weights = reward_set.weights  # [K]
+    task = instantiate(cfg.rewards.task)
+    B, G = trainer.prompts_per_step, trainer.group_size
+
+    # Models: the policy (with a value head for PPO+head), a separate critic (PPO+model), a frozen reference.
+    resume_from = resolve_resume(trainer.resume, run_dir)
+    init_path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(init_path)
+    policy_path = str(resume_from / "policy") if resume_from else init_path
+    actor_module = Actor(load_causal_lm(policy_path, cfg.model, device), value_head=algo.critic == "head")
+    critic = None
+    if estimator.needs_critic and algo.critic == "model":
+        critic_path = str(resume_from / "critic") if resume_from else init_path
+        critic = Trainable(load_value_model(critic_path, cfg.model, device), algo.critic_lr, trainer.weight_decay,
+                           trainer.grad_clip, cfg.deepspeed, trainer.micro_batch_size, device)
+    if resume_from is not None:
+        load_heads(resume_from, actor_module, critic)
+    actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
+                      trainer.micro_batch_size, device)
+    reference = None
+    if algo.kl_coef > 0:
+        reference = Actor(load_causal_lm(init_path, cfg.model, device)).eval().requires_grad_(False)
+
+    state = {"step": 0, "prompt_position": 0}
+    if resume_from is not None:
+        actor.load_optimizer(resume_from)
+        if critic is not None:
+            critic.load_optimizer(resume_from / "critic")
+        set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+        state = json.loads((resume_from / "state.json").read_text())
+    previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
+    metrics_file = MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics)
+    wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
+        if cfg.logger.backend == "wandb" else None
+    progress = Progress(trainer.max_steps, state["step"], reward_set.names, cfg.logger.log_every)
+    metrics: dict[str, Any] = {}
+    step = state["step"]
+    try:
+        for step in range(state["step"] + 1, trainer.max_steps + 1):
+            step_start = time.perf_counter()
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+
+            # 1. Rollouts: B prompts x G samples, scored per channel.  With dynamic sampling, dead groups are
+            #    dropped and more prompts drawn until B live groups are found or max_gen_batches is reached.
+            actor.module.eval()
+            generated: list[Rollouts] = []
+            generated_rewards: list[Tensor] = []  # each [B, G, K]
+            live_parts: list[tuple[Rollouts, Tensor]] = []
+            num_live = 0
+            while True:
+                prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
+                state["prompt_position"] += B
+                rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
+                                    trainer.temperature, cfg.model.use_chat_template, device)
+                rewards = reward_set.score(rollouts.episodes).view(B, G, -1)  # [B, G, K]
+                check_finite(rewards, reward_set.names)
+                generated.append(rollouts)
+                generated_rewards.append(rewards)
+                live = ~dead_groups(rewards[..., task_channels])  # [B]
+                if algo.dynamic_sampling:
+                    groups = live.nonzero().squeeze(-1)[: B - num_live]
+                    if len(groups):
+                        live_parts.append((rollouts.select_groups(groups), rewards[groups]))
+                    num_live += len(groups)
+                    if num_live < B and len(generated) < algo.max_gen_batches:
+                        continue
+                else:
+                    live_parts.append((rollouts, rewards))
+                break
+            all_rewards = torch.cat(generated_rewards)  # [B * rounds, G, K]
+            if not live_parts:  # dynamic sampling found no live group: nothing to learn from this step
+                live_parts.append((generated[0], generated_rewards[0]))
+            batch = Rollouts.concat([p for p, _ in live_parts], tokenizer.pad_token_id)
+            rewards = torch.cat([r for _, r in live_parts]).clone()  # [B', G, K]
+            rollout_s = time.perf_counter() - step_start
+
+            # 2. Log-probs of the sampling policy and the reference, values of the critic: no gradients.
+            update_start = time.perf_counter()
+            mask = batch.completion_mask.float()  # [N, T]
+            old_logprobs, ref_logprobs, old_values = score_rollouts(actor, reference, critic, batch,
+                                                                    trainer.micro_batch_size)
+            if algo.kl_coef > 0 and algo.kl_mode == "reward":
+                kl_per_seq = (kl_k3(old_logprobs, ref_logprobs) * mask).sum(-1)  # [N]
+                rewards[..., reward_set.names.index("kl_penalty")] = -algo.kl_coef * kl_per_seq.view(rewards.shape[:2])
+
+            # 3. Conditions and constraints, then advantages by the algorithm's estimator.
+            shaped, keep, shaping_stats = reward_set.shape(rewards)  # [B', G, K], [B', G]
+            advantages, returns = estimator.token_advantages(shaped.to(device), weights.to(device), mask,
+                                                             old_values, algo)  # [N, T], [N, T] | None
+            loss_mask = mask * keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
+
+            # 4. Policy (and critic) update: epochs x mini-batches x micro-batches, clipped surrogate.
+            actor.module.train()
+            sums: dict[str, float] = {}
+            num_rows = loss_mask.shape[0]
+            mini_batches = 0
+            for _ in range(algo.epochs):
+                order = torch.randperm(num_rows)
+                for mini in order.chunk(trainer.num_mini_batches):
+                    mini_batches += 1
+                    mini_mask = loss_mask[mini.to(device)]
+                    denom = (mini_mask.sum() if algo.loss_agg == "token_mean"
+                             else (mini_mask.sum(-1) > 0).sum()).clamp(min=1).item()
+                    micros = mini.split(trainer.micro_batch_size)
+                    for i, rows in enumerate(micros):
+                        rows_d = rows.to(device)
+                        micro, m_mask = batch.take(rows), loss_mask[rows_d]
+                        logprobs, logits, values = policy_forward(actor, micro)
+                        pg_loss, clipped = clipped_surrogate(logprobs, old_logprobs[rows_d], advantages[rows_d],
+                                                             algo.clip_low, algo.clip_high)
+                        loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
+                        entropy = entropy_from_logits(logits)
+                        loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
+                        if reference is not None:
+                            kl = kl_k3(logprobs, ref_logprobs[rows_d])
+                            if algo.kl_mode == "loss":
+                                loss = loss + algo.kl_coef * aggregate(kl, m_mask, algo.loss_agg, denom)
+                            accumulate(sums, "kl", token_mean_part(kl, m_mask, mini_mask))
+                        if values is not None:  # PPO with a value head on the policy
+                            v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d],
+                                                          algo.value_clip), m_mask, algo.loss_agg, denom)
+                            loss = loss + algo.vf_coef * v_loss
+                            accumulate(sums, "loss/value", v_loss.item())
+                        last = i == len(micros) - 1
+                        grad_norm = actor.accumulate(loss, last)
+                        if critic is not None:
+                            values = value_forward(critic, micro)
+                            v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d],
+                                                          algo.value_clip), m_mask, algo.loss_agg, denom)
+                            critic.accumulate(v_loss, last)
+                            accumulate(sums, "loss/value", v_loss.item())
+                        accumulate(sums, "loss/policy", aggregate(pg_loss.detach(), m_mask, algo.loss_agg,
+                                                                  denom).item())
+                        accumulate(sums, "loss/total", loss.item())
+                        accumulate(sums, "entropy", token_mean_part(entropy, m_mask, mini_mask))
+                        accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, mini_mask))
+                        accumulate(sums, "policy/approx_kl", token_mean_part(
+                            kl_k3(logprobs.detach(), old_logprobs[rows_d]), m_mask, mini_mask))
+                        if grad_norm is not None:
+                            accumulate(sums, "grad_norm", grad_norm)
+            update_s = time.perf_counter() - update_start
+
+            # 5. Log and checkpoint.
+            state["step"] = step
+            step_s = time.perf_counter() - step_start
+            generated_tokens = sum(int(r.completion_mask.sum()) for r in generated)
+            metrics = {"step": step}
+            metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
+            metrics.update({
+                "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
+                "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
+                "groups/dead_frac": dead_groups(rewards[..., task_channels]).float().mean().item(),
+                "dapo/gen_batches": len(generated), "dapo/rollouts_generated": len(generated) * B * G,
+                "dapo/live_groups": num_live if algo.dynamic_sampling else rewards.shape[0],
+            })
+            metrics.update({k: v / mini_batches for k, v in sums.items()})
+            metrics.setdefault("kl", None)  # no reference model loaded (algo.kl_coef=0): not measured
+            if not estimator.needs_critic:
+                metrics.setdefault("loss/value", None)
+            metrics.update(shaping_stats)
+            metrics.update({
+                "perf/step_s": step_s, "perf/rollout_s": rollout_s, "perf/update_s": update_s,
+                "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
+                "mem/peak_mb": peak_memory_mb(device),
+            })
+            metrics_file.log(metrics)
+            if wandb is not None:
+                wandb.log(metrics)
+            progress.update(step, metrics)
+            if step % trainer.save_every == 0 or step == trainer.max_steps:
+                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic)
+    finally:
+        progress.close()
+        metrics_file.close()
+        if wandb is not None:
+            wandb.close()
+    return metrics
+
+
+@torch.no_grad()
+def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int):
+    """(old log-probs [N, T], reference log-probs [N, T] or None, old values [N, T] or None), micro-batched."""
+    old, ref, values = [], [], []
+    for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
+        micro = batch.take(rows)
+        logprobs, _, head_values = policy_forward(actor, micro)
+        old.append(logprobs)
+        if reference is not None:
+            ref.append(policy_forward(reference, micro)[0])
+        if critic is not None:
+            values.append(value_forward(critic, micro))
+        elif head_values is not None:
+            values.append(head_values)
+    cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+    return cat(old), cat(ref), cat(values)
+
+
+def accumulate(sums: dict[str, float], key: str, value: float) -> None:
+    sums[key] = sums.get(key, 0.0) + value
+
+
+def token_mean_part(values: Tensor, micro_mask: Tensor, mini_mask: Tensor) -> float:
+    """This micro-batch's share of the token mean of `values` over its mini-batch (summed over micro-batches)."""
+    return ((values.detach() * micro_mask).sum() / mini_mask.sum().clamp(min=1)).item()
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> float:
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+
+
+def masked_std(values: Tensor, mask: Tensor) -> float:
+    mean = masked_mean(values, mask)
+    return (((values - mean) ** 2 * mask).sum() / mask.sum().clamp(min=1)).sqrt().item()
+
+
+def reward_metrics(rewards: Tensor, weights: Tensor, names: list[str]) -> dict[str, float]:
+    """Per-channel mean and std over every rollout generated this step, and the weighted total."""
+    flat = rewards.reshape(-1, rewards.shape[-1])  # [M, K]
+    out = {}
+    for k, name in enumerate(names):
+        out[f"reward/{name}/mean"] = flat[:, k].mean().item()
+        out[f"reward/{name}/std"] = flat[:, k].std().item() if flat.shape[0] > 1 else 0.0
+    out["reward/total/mean"] = (flat * weights).sum(-1).mean().item()
+    return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """GPU: peak allocated this step.  CPU: the process's peak resident set size so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_heads(checkpoint: Path, actor: Actor, critic: Trainable | None) -> None:
+    from safetensors.torch import load_file
+
+    if actor.value_head is not None:
+        actor.load_state_dict(load_file(checkpoint / "value_head.safetensors"), strict=False)
+    if critic is not None:
+        critic.module.load_state_dict(load_file(checkpoint / "critic_head.safetensors"), strict=False)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
+    return torch.device(name)
+
+
+def validate(cfg: DictConfig, group_relative: bool) -> None:
+    """Checks that the schema cannot express; each error names the value and the fix."""
+    t, a = cfg.trainer, cfg.algo
+    if t.max_steps <= 0:
+        raise UserError(f"trainer.max_steps={t.max_steps}: must be a positive number of steps")
+    if group_relative and t.group_size < 2:
+        raise UserError(f"trainer.group_size={t.group_size}: algo={a.name} normalizes within groups of rollouts, "
+                        "so it needs group_size >= 2 (try 8)")
+    if t.group_size < 1 or t.prompts_per_step < 1 or t.micro_batch_size < 1 or t.max_new_tokens < 1:
+        raise UserError("trainer.group_size, prompts_per_step, micro_batch_size and max_new_tokens must be >= 1")
+    if t.save_every <= 0:
+        raise UserError(f"trainer.save_every={t.save_every}: must be >= 1")
+    if a.critic is None and ESTIMATORS[a.advantage.value].needs_critic:
+        raise UserError(f"algo.advantage={a.advantage.value} needs a critic: set algo.critic=model or head")
+    if a.overlong_buffer >= t.max_new_tokens:
+        raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
+                        f"{t.max_new_tokens}")
+    if a.dynamic_sampling and a.max_gen_batches < 1:
+        raise UserError(f"algo.max_gen_batches={a.max_gen_batches}: must be >= 1")

@@ -1,0 +1,68 @@
+"""Loss terms: pure tensor functions over token-level tensors.
+
+Shapes: N sequences in the micro-batch, T completion tokens.  `mask` [N, T] is 1 on tokens the policy generated
+and 0 on padding, prompt and tool-observation tokens, so those never enter any loss.
+
+Aggregation (`agg`) and gradient accumulation: a mini-batch is split into micro-batches, and the loss of each
+micro-batch is divided by the *mini-batch's* count (`denom`: its number of sequences for `seq_mean`, of generated
+tokens for `token_mean`), so the accumulated gradient equals that of the whole mini-batch in one piece.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("seq_mean", "token_mean")
+
+
+def aggregate(per_token: Tensor, mask: Tensor, agg: str, denom: float | None = None) -> Tensor:
+    """Reduce [N, T] per-token values to a scalar.
+
+    seq_mean: mean over each sequence's tokens, summed over sequences, / denom (default N) — GRPO's sample-level mean.
+    token_mean: sum over every token, / denom (default: number of tokens) — DAPO's token-level loss, where long
+    sequences weigh in proportion to their length.
+    """
+    mask = mask.to(per_token.dtype)
+    if agg == "seq_mean":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
+        return per_seq.sum() / (denom if denom is not None else per_token.shape[0])
+    if agg == "token_mean":
+        return (per_token * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
+    raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
+
+
+def clipped_surrogate(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped objective with separate bounds (DAPO's clip-higher when clip_high > clip_low).
+
+    logprobs, old_logprobs, advantages: [N, T].  Returns (per-token loss [N, T], per-token clipped indicator [N, T]).
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [N, T]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    was_clipped = (clipped < unclipped).to(logprobs.dtype)
+    return loss, was_clipped
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Per-token KL(policy || reference), Schulman's k3 estimator: exp(r) - r - 1 with r = ref - policy.
+
+    Unbiased, always >= 0, low variance.  logprobs, ref_logprobs: [N, T] -> [N, T].
+    """
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Per-token entropy of the categorical distribution.  logits: [N, T, V] -> [N, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:
+    """PPO's clipped value loss, per token: 0.5 * max((v - R)^2, (clip(v, v_old +- clip) - R)^2).  All [N, T]."""
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)

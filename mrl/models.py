@@ -1,0 +1,181 @@
+"""Load the policy, the frozen reference and the critic through transformers' Auto* classes.
+
+The built-in tiny model goes through the same path as a real one: it is built once from a config with random
+weights, saved as an ordinary model directory (config.json, model.safetensors, tokenizer.json), then loaded back
+with AutoModelForCausalLM / AutoTokenizer.  No network is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mrl.config import ModelConfig, TinyModelSpec, UserError
+
+BUILTIN_TINY = "builtin:tiny"
+SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+# Words the built-in tasks use; the rest of the vocabulary is filler, so that a random policy rarely emits a
+# meaningful word by chance (as a real LM's huge vocabulary makes any one action rare).
+TASK_WORDS = [str(d) for d in range(10)] + ["max", "min", "=", "hack", "ans", "calc", "lookup", "|"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(UserError):
+    """A model path or hub id that cannot be loaded; the message is meant for the user."""
+
+
+def tiny_vocab(vocab_size: int) -> list[str]:
+    specials = list(SPECIAL_TOKENS.values())
+    fixed = specials + TASK_WORDS
+    if vocab_size < len(fixed):
+        raise ValueError(f"tiny vocab_size must be >= {len(fixed)}, got {vocab_size}")
+    return fixed + [f"w{i}" for i in range(vocab_size - len(fixed))]
+
+
+def build_tiny_model(spec: TinyModelSpec, directory: Path) -> Path:
+    """Write a random-init Llama-style causal LM and its word-level tokenizer to `directory`; return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = tiny_vocab(spec.vocab_size)
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    word_level.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, padding_side="left", **SPECIAL_TOKENS)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.init_seed)
+        model = LlamaForCausalLM(config)
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process built the same spec first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def tiny_model_dir(spec: TinyModelSpec) -> Path:
+    """The cached directory of the tiny model for `spec`, built on first use (one per distinct spec)."""
+    key = hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
+    cache = Path(os.environ.get("MRL_CACHE", Path.home() / ".cache" / "mrl")) / "models" / f"tiny-{key}"
+    if not (cache / "config.json").exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(spec, cache)
+    return cache
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """The directory or hub id to load; the tiny model is built (or found in the cache) here."""
+    if cfg.name_or_path == BUILTIN_TINY:
+        spec = cfg.tiny if cfg.tiny is not None else TinyModelSpec()
+        return str(tiny_model_dir(TinyModelSpec(**dict(spec))))
+    name = os.path.expanduser(cfg.name_or_path)
+    looks_local = name.startswith(("/", "./", "../", "~")) or os.path.isabs(name) or name.count("/") > 1
+    if looks_local and not os.path.isdir(name):
+        raise ModelLoadError(
+            f"model.name_or_path={cfg.name_or_path!r}: no such directory. Give an existing model directory, "
+            f"a hub id such as Qwen/Qwen3-0.6B, or {BUILTIN_TINY}."
+        )
+    return name
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise ModelLoadError(f"cannot load a tokenizer from {path!r}: {err}".splitlines()[0]) from err
+    tokenizer.padding_side = "left"  # generation appends on the right
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": DTYPES[cfg.dtype]}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot load model {path!r}: not a model directory and not reachable on the hub "
+            f"({str(err).splitlines()[0]})"
+        ) from err
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model.to(device)
+
+
+def _zero_linear(hidden_size: int) -> nn.Linear:
+    """A scalar head that starts at value 0 everywhere, so early GAE is driven by the rewards."""
+    head = nn.Linear(hidden_size, 1)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+class Actor(nn.Module):
+    """The policy, optionally with a scalar value head on its last hidden state (PPO with `algo.critic=head`)."""
+
+    def __init__(self, policy: nn.Module, value_head: bool = False):
+        super().__init__()
+        self.policy = policy
+        self.value_head = _zero_linear(policy.config.hidden_size) if value_head else None
+
+    def forward(self, input_ids, attention_mask, position_ids):  # -> (logits [N, L, V], values [N, L] or None)
+        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          output_hidden_states=self.value_head is not None, use_cache=False)
+        if self.value_head is None:
+            return out.logits, None
+        hidden = out.hidden_states[-1]
+        return out.logits, self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+class ValueModel(nn.Module):
+    """A separate critic (PPO with `algo.critic=model`): a copy of the policy's backbone with a scalar head."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = _zero_linear(backbone.config.hidden_size)
+
+    def forward(self, input_ids, attention_mask, position_ids):  # -> [N, L]
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def load_value_model(path: str, cfg: ModelConfig, device: torch.device) -> ValueModel:
+    """The critic's backbone comes from the same weights as the policy (a checkpoint's critic/ on resume)."""
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+    if cfg.gradient_checkpointing:
+        backbone.gradient_checkpointing_enable()
+    return ValueModel(backbone).to(device)

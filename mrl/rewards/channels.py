@@ -1,0 +1,158 @@
+"""Build the reward channels from config, score episodes per channel, and apply conditions and constraints.
+
+Rewards stay per channel, a [B, G, K] tensor, until the advantage step: GDPO, conditioned rewards, dead-group
+detection and per-channel logging all need the channels apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from hydra.utils import instantiate
+from torch import Tensor
+
+from mrl.config import UserError
+from mrl.episode import Episode
+
+Channel = Callable[[Episode], float]
+
+
+class RewardError(RuntimeError):
+    """A reward channel raised or returned something that is not a finite number."""
+
+
+class OverlongPenalty:
+    """DAPO's soft overlong punishment: 0 up to `max_new_tokens - buffer` tokens, then falling linearly to
+    `-penalty` at `max_new_tokens` (and -penalty for a truncated episode).
+
+    With max_new_tokens=8, buffer=4, penalty=1: 4 tokens -> 0.0, 6 tokens -> -0.5, 8 tokens -> -1.0.
+    """
+
+    def __init__(self, buffer: int, penalty: float = 1.0):
+        self.buffer, self.penalty = buffer, penalty
+
+    def __call__(self, episode: Episode) -> float:
+        if episode.truncated:
+            return -self.penalty
+        over = episode.num_tokens - (episode.max_new_tokens - self.buffer)
+        return -self.penalty * min(max(over, 0), self.buffer) / self.buffer
+
+
+@dataclass
+class ChannelSpec:
+    name: str
+    fn: Channel | None  # None: filled in by the trainer (kl_penalty)
+    weight: float
+    enforce: str | None = None  # veto | drop, for constraints
+    violation_below: float = 0.0
+    condition_on: str | None = None
+    threshold: float = 1.0
+
+
+class RewardSet:
+    """The channels of one run, in a fixed order: user channels, then the ones the algorithm adds."""
+
+    def __init__(self, specs: list[ChannelSpec]):
+        self.specs = specs
+        self.names = [s.name for s in specs]
+        index = {name: k for k, name in enumerate(self.names)}
+        for spec in specs:
+            if spec.condition_on is not None and spec.condition_on not in index:
+                raise UserError(
+                    f"rewards.channels.{spec.name}.condition_on={spec.condition_on!r} is not a channel; "
+                    f"choose one of {self.names}"
+                )
+
+    @property
+    def weights(self) -> Tensor:
+        """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
+        return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
+
+    def score(self, episodes: list[Episode], on_error: str = "raise") -> Tensor:
+        """[N, K] rewards of N episodes.  A channel that raises or returns a non-finite value is an error naming
+        the channel and the sample."""
+        rewards = torch.zeros(len(episodes), len(self.specs))
+        for k, spec in enumerate(self.specs):
+            if spec.fn is None:
+                continue
+            for n, episode in enumerate(episodes):
+                try:
+                    value = spec.fn(episode)
+                except Exception as err:  # a user's channel: report which one, on which sample
+                    raise RewardError(_describe(spec.name, n, episode, f"raised {type(err).__name__}: {err}")) from err
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                    raise RewardError(_describe(spec.name, n, episode, f"returned {value!r}, not a finite number"))
+                rewards[n, k] = float(value)
+        return rewards
+
+    def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """Apply conditions (GDPO Eq. 8) and enforced constraints.
+
+        rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats).
+        A gated channel pays the worst value it takes in the batch; a veto gives a violator the worst value of every
+        channel; a drop removes the violator from the update.
+        """
+        shaped = rewards.clone()
+        keep = torch.ones(rewards.shape[:2], dtype=torch.bool)
+        stats: dict[str, float] = {}
+        worst = rewards.amin(dim=(0, 1))  # [K]
+        for k, spec in enumerate(self.specs):
+            if spec.condition_on is not None:
+                passed = rewards[..., self.names.index(spec.condition_on)] >= spec.threshold  # [B, G]
+                shaped[..., k] = torch.where(passed, rewards[..., k], worst[k])
+                stats[f"condition/{spec.name}/gated_frac"] = (~passed).float().mean().item()
+        for k, spec in enumerate(self.specs):
+            if spec.enforce is None:
+                continue
+            violated = rewards[..., k] < spec.violation_below  # [B, G]
+            if spec.enforce == "veto":
+                shaped = torch.where(violated[..., None], worst, shaped)
+            else:
+                keep &= ~violated
+            stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated.float().mean().item()
+        return shaped, keep, stats
+
+
+def _describe(channel: str, index: int, episode: Episode, what: str) -> str:
+    return (
+        f"reward channel {channel!r} {what} on sample {index} "
+        f"(prompt {episode.prompt.text!r}, completion {episode.completion!r})"
+    )
+
+
+def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
+    """Instantiate the configured channels, apply algo.weights overrides, add the algorithm's own channels."""
+    channels = rewards_cfg.channels
+    if not channels:
+        raise UserError(f"rewards={rewards_cfg.name} defines no channels")
+    overrides = dict(algo_cfg.weights) if algo_cfg.weights is not None else None
+    if overrides is not None and set(overrides) != set(channels):
+        raise UserError(
+            f"algo.weights has channels {sorted(overrides)} but rewards={rewards_cfg.name} has {sorted(channels)}; "
+            "give one weight per channel"
+        )
+    if overrides is not None and not all(isinstance(w, (int, float)) for w in overrides.values()):
+        raise UserError(f"algo.weights must map channel names to numbers, got {overrides}")
+    specs = []
+    for name, ch in channels.items():
+        if ch.enforce is not None and ch.kind.value != "constraint":
+            raise UserError(f"rewards.channels.{name}.enforce needs kind: constraint (it is {ch.kind.value})")
+        specs.append(
+            ChannelSpec(
+                name=name,
+                fn=instantiate(ch.fn),
+                weight=float(overrides[name] if overrides is not None else ch.weight),
+                enforce=ch.enforce.value if ch.enforce is not None else None,
+                violation_below=ch.violation_below,
+                condition_on=ch.condition_on,
+                threshold=ch.threshold,
+            )
+        )
+    if algo_cfg.overlong_buffer > 0:
+        specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer, algo_cfg.overlong_penalty), 1.0))
+    if algo_cfg.kl_coef > 0 and algo_cfg.kl_mode.value == "reward":
+        specs.append(ChannelSpec("kl_penalty", None, 1.0))
+    return RewardSet(specs)

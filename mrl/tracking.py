@@ -1,0 +1,99 @@
+"""Where metrics go: metrics.jsonl in the run dir (always), W&B (logger=wandb), and the terminal.
+
+Every step's metrics reach all sinks under the same keys.  metrics.jsonl is appended and flushed line by line, so a
+crash loses at most the step in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mrl.checkpoint import atomic_write_text
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsFile:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, previous: Path | None = None):
+        """Open run_dir/metrics.jsonl.  On resume from step k, keep the lines of steps <= k (from `previous`, the
+        file of the run being resumed) and drop any later ones, which the resumed run logs again."""
+        self.path = run_dir / METRICS_FILE
+        if resume_step is not None:
+            kept = [r for r in read_metrics(previous or self.path) if r["step"] <= resume_step]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        self.file = open(self.path, "a")
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class WandbSink:
+    """W&B in the run dir; offline by default (no login needed).  The run id is kept in the run dir, so a resumed run
+    continues the same W&B run."""
+
+    def __init__(self, cfg, run_dir: Path, config: dict[str, Any]):
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        id_file = run_dir / "wandb_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
+                              mode=cfg.mode, dir=str(run_dir), config=config, id=run_id, resume="allow")
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self.run.log({k: v for k, v in metrics.items() if v is not None}, step=metrics["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Progress:
+    """A rich progress bar (step, ETA, per-channel rewards) on a terminal; a plain line every `every` steps
+    otherwise (CI logs, pipes)."""
+
+    def __init__(self, total: int, start: int, channels: list[str], every: int):
+        self.total, self.channels, self.every = total, channels, max(every, 1)
+        self.interactive = sys.stdout.isatty()
+        self.started = time.perf_counter()
+        self.first = start
+        if self.interactive:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
+            from rich.progress import TimeRemainingColumn
+
+            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                    TimeRemainingColumn(), TextColumn("{task.fields[rewards]}"))
+            self.task = self.bar.add_task("train", total=total, completed=start, rewards="")
+            self.bar.start()
+
+    def _rewards(self, metrics: dict[str, Any]) -> str:
+        return " ".join(f"{c}={metrics[f'reward/{c}/mean']:.3g}" for c in self.channels)
+
+    def update(self, step: int, metrics: dict[str, Any]) -> None:
+        if self.interactive:
+            self.bar.update(self.task, completed=step, rewards=self._rewards(metrics))
+        elif step % self.every == 0 or step == self.total:
+            elapsed = time.perf_counter() - self.started
+            eta = elapsed / (step - self.first) * (self.total - step) if step > self.first else 0.0
+            print(f"step {step}/{self.total} eta {eta:.0f}s {self._rewards(metrics)}", flush=True)
+
+    def close(self) -> None:
+        if self.interactive:
+            self.bar.stop()
