@@ -63,6 +63,8 @@ class Trainable:
         self.grad_clip = grad_clip
         params = [p for p in module.parameters() if p.requires_grad]
         if ds.enabled:
+            # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run).
+            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mrl" / "torch_extensions"))
             import deepspeed
 
             init_single_process_group(device)

@@ -29,7 +29,7 @@ from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
-from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, resolve_model_path
+from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts, generate, policy_forward, value_forward
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
@@ -44,6 +44,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     estimator = ESTIMATORS[algo.advantage.value]
     validate(cfg, estimator.group_relative)
     seed_everything(trainer.seed)
+    quiet_transformers()
     device = pick_device(trainer.device)
     reward_set = build_reward_set(cfg.rewards, algo)
     task_channels = [k for k, name in enumerate(reward_set.names) if name != "kl_penalty"]

@@ -101,6 +101,13 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     return name
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars: they flood logs on every load and checkpoint."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 

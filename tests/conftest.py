@@ -1,0 +1,42 @@
+"""Shared fixtures: compose the real config (conf/train.yaml) and shrink it; keep every cache and log in tmp."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+import mrl.config  # noqa: F401  registers the schemas
+from mrl.config import CONF_DIR
+
+# A small, fast run: 2 steps of 2 prompts x 4 rollouts, no W&B.
+SHRINK = ["trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
+          "logger=none"]
+ALGOS = sorted(p.stem for p in (CONF_DIR / "algo").glob("*.yaml"))
+DEEPSPEED = sorted(p.stem for p in (CONF_DIR / "deepspeed").glob("*.yaml"))
+REWARDS = sorted(p.stem for p in (CONF_DIR / "rewards").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("mrl_cache")
+    os.environ["MRL_CACHE"] = str(cache)
+    os.environ["WANDB_DIR"] = str(tmp_path_factory.mktemp("wandb"))
+    os.environ["WANDB_MODE"] = "offline"
+    os.environ["WANDB_SILENT"] = "true"
+    # DeepSpeed compiles a C++ op on first use: keep it in the persistent cache the CLI uses too.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mrl" / "torch_extensions"))
+    yield
+
+
+def compose_config(*overrides: str, shrink: bool = True):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=(SHRINK if shrink else []) + list(overrides))
+
+
+@pytest.fixture
+def make_cfg():
+    return compose_config
