@@ -7,6 +7,7 @@ crash loses at most the step in flight.
 from __future__ import annotations
 
 import json
+import secrets
 import math
 import os
 import sys
@@ -53,7 +54,7 @@ class WandbSink:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         id_file = run_dir / "wandb_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
                               mode=cfg.mode, dir=str(run_dir), config=config, id=run_id, resume="allow")

@@ -1,0 +1,146 @@
+"""The built-in tiny model goes through the same Auto* loading path as a real model; bad paths are user errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from conftest import compose_config
+from mrl.config import TinyModelSpec, UserError
+from mrl.models import (
+    SPECIAL_TOKENS,
+    TASK_WORDS,
+    Actor,
+    ModelLoadError,
+    build_tiny_model,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model_path,
+    tiny_vocab,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def cfg(_isolated_env):
+    return compose_config()
+
+
+@pytest.fixture(scope="module")
+def path(cfg):
+    return resolve_model_path(cfg.model)
+
+
+def test_tiny_model_directory(path):
+    d = Path(path)
+    assert d.is_dir()
+    for name in ["config.json", "model.safetensors", "tokenizer.json"]:
+        assert (d / name).is_file(), name
+    # built inside the test cache (MRL_CACHE), and found there the second time
+    assert resolve_model_path(compose_config().model) == path
+
+
+def test_loads_through_auto_classes(path, cfg):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    auto = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert auto.config.model_type == "llama"
+    assert auto.config.vocab_size == len(tok) == cfg.model.tiny.vocab_size == 32
+    ours = load_causal_lm(path, cfg.model, CPU)
+    for (ka, va), (kb, vb) in zip(auto.state_dict().items(), ours.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_parameter_count(path, cfg):
+    model = load_causal_lm(path, cfg.model, CPU)
+    n = sum(p.numel() for p in model.parameters())
+    # hidden 64, 4 heads of 16, 2 kv heads (32 wide), mlp 128, vocab 32, tied embeddings, no biases:
+    # per layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 = 12288; mlp 3*64*128 = 24576; 2 RMSNorms 128 -> 36992
+    # total: 2 layers 73984 + embeddings 32*64 = 2048 + final norm 64 = 76096
+    assert n == 76096
+    assert n < 5_000_000
+
+
+def test_tokenizer_round_trip(path):
+    tok = load_tokenizer(path)
+    # vocab: <pad> <eos> <bos> <unk> = 0..3, digits 0..9 = 4..13, max 14, min 15, "=" 16, ...
+    ids = tok("max 3 7 =", add_special_tokens=False).input_ids
+    assert ids == [14, 7, 11, 16]
+    assert tok.decode(ids, skip_special_tokens=True) == "max 3 7 ="
+    assert tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == "max 3 7 ="
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    assert tok.convert_ids_to_tokens(tok("hack w0").input_ids) == ["hack", "w0"]
+    assert tok("banana").input_ids == [tok.unk_token_id]
+
+
+def test_tokenizer_pads_left(path):
+    tok = load_tokenizer(path)
+    assert tok.padding_side == "left"
+    batch = tok(["max 3 7 =", "7"], padding=True)
+    assert batch.input_ids[1] == [0, 0, 0, 10]
+    assert batch.attention_mask[1] == [0, 0, 0, 1]
+
+
+def test_tiny_vocab():
+    vocab = tiny_vocab(32)
+    assert len(vocab) == 32 and len(set(vocab)) == 32
+    assert vocab[:4] == list(SPECIAL_TOKENS.values())
+    assert vocab[4:4 + len(TASK_WORDS)] == TASK_WORDS
+    assert vocab[-1] == "w9"  # 32 - 4 specials - 18 task words = 10 filler words w0..w9
+    with pytest.raises(ValueError):
+        tiny_vocab(10)
+
+
+def test_build_is_deterministic(tmp_path, cfg):
+    spec = TinyModelSpec(**OmegaConf.to_container(cfg.model.tiny))
+    a = load_file(build_tiny_model(spec, tmp_path / "a") / "model.safetensors")
+    b = load_file(build_tiny_model(spec, tmp_path / "b") / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    other = TinyModelSpec(**{**OmegaConf.to_container(cfg.model.tiny), "init_seed": 1})
+    c = load_file(build_tiny_model(other, tmp_path / "c") / "model.safetensors")
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    # the global RNG is not disturbed by building
+    torch.manual_seed(123)
+    x = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model(spec, tmp_path / "d")
+    assert torch.equal(torch.rand(3), x)
+
+
+@pytest.mark.parametrize("bad", ["/nonexistent/model", "./nope", "../nope/nope", "~/definitely/not/a/model"])
+def test_resolve_missing_local_path(bad):
+    model_cfg = compose_config().model
+    model_cfg.name_or_path = bad
+    with pytest.raises(ModelLoadError) as info:
+        resolve_model_path(model_cfg)
+    assert isinstance(info.value, UserError)
+    assert repr(bad) in str(info.value)
+
+
+def test_resolve_hub_id_is_passed_through():
+    model_cfg = compose_config().model
+    model_cfg.name_or_path = "Qwen/Qwen3-0.6B"
+    assert resolve_model_path(model_cfg) == "Qwen/Qwen3-0.6B"
+
+
+def test_actor_value_head(path, cfg):
+    actor = Actor(load_causal_lm(path, cfg.model, CPU), value_head=True)
+    ids = torch.tensor([[0, 14, 7, 11, 16], [14, 4, 5, 16, 9]])
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits, values = actor(ids, mask, pos)
+    assert logits.shape == (2, 5, 32)
+    assert values.shape == (2, 5)
+    assert torch.equal(values, torch.zeros(2, 5))
+    assert torch.isfinite(logits).all()
+    # without a head: no values, same logits
+    plain_logits, none = Actor(actor.policy)(ids, mask, pos)
+    assert none is None
+    torch.testing.assert_close(plain_logits, logits)
