@@ -121,3 +121,44 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     mean = (values * mask).sum() / count
     var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
     return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+# Diagnostics: how much each channel drives the advantage.  Each estimator's advantage is (up to one affine map
+# over the batch) a sum of per-channel contributions c_k; a channel's share is its covariance with the advantage.
+
+
+def grpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """[B, G, K] -> [B, G, K] whose sum over K is grpo_advantages: w_k (r_k - group mean_k) / (std of the sum + eps)."""
+    w = _weights(rewards, weights)
+    std = (rewards * w).sum(-1).std(dim=1, keepdim=True).unsqueeze(-1)  # [B, 1, 1]
+    centered = (rewards - rewards.mean(dim=1, keepdim=True)) * w
+    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+
+
+def gdpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """[B, G, K] -> [B, G, K]: w_k * (channel k normalized within its group), summed by GDPO before batch norm."""
+    return group_normalize(rewards, eps) * _weights(rewards, weights)
+
+
+def batch_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None) -> Tensor:
+    """[B, G, K] -> [B, G, K]: w_k (r_k - batch mean_k), the parts of PPO's summed reward (no groups)."""
+    return (rewards - rewards.mean(dim=(0, 1), keepdim=True)) * _weights(rewards, weights)
+
+
+def advantage_shares(contributions: Tensor, advantages: Tensor) -> Tensor:
+    """Share of the advantage's variance due to each channel.  contributions [B, G, K], advantages [B, G] -> [K].
+
+    share_k = cov(c_k, A) / sum_j cov(c_j, A): the shares sum to 1 (a channel working against the others can go
+    below 0); all zeros when nothing varies.
+    """
+    centered = (advantages - advantages.mean()).reshape(-1, 1)  # [B*G, 1]
+    parts = contributions.reshape(-1, contributions.shape[-1])  # [B*G, K]
+    cov = (parts * centered).sum(0)  # [K]
+    total = cov.sum()
+    return cov / total if total.abs() > 1e-12 else torch.zeros_like(cov)
+
+
+def distinct_per_group(advantages: Tensor, decimals: int = 4) -> float:
+    """Mean number of distinct advantage values within a group (rounded to 1e-4).  advantages: [B, G]."""
+    rounded = torch.round(advantages * 10**decimals)
+    return sum(len(torch.unique(group)) for group in rounded) / max(advantages.shape[0], 1)

@@ -12,7 +12,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl.advantages import gae_advantages, gdpo_advantages, grpo_advantages, masked_whiten
+from mrl.advantages import (
+    batch_contributions,
+    gae_advantages,
+    gdpo_advantages,
+    gdpo_contributions,
+    grpo_advantages,
+    grpo_contributions,
+    masked_whiten,
+)
 
 # (rewards [B, G, K], weights [K], completion mask [N, T], values [N, T] or None, algo config)
 #   -> (advantages [N, T], returns [N, T] or None)
@@ -22,6 +30,8 @@ TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", object], "
 @dataclass(frozen=True)
 class Estimator:
     token_advantages: TokenAdvantageFn
+    # (rewards [B, G, K], weights [K], eps) -> [B, G, K]: per-channel parts of the advantage, for adv/share/<channel>
+    contributions: Callable[[Tensor, Tensor, float], Tensor]
     group_relative: bool  # advantages come from the group of G rollouts: G must be >= 2
     needs_critic: bool  # a value function is trained alongside the policy
 
@@ -52,7 +62,7 @@ def _gae(rewards, weights, mask, values, cfg):
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator(_grpo, group_relative=True, needs_critic=False),
-    "gdpo": Estimator(_gdpo, group_relative=True, needs_critic=False),
-    "gae": Estimator(_gae, group_relative=False, needs_critic=True),
+    "grpo": Estimator(_grpo, grpo_contributions, group_relative=True, needs_critic=False),
+    "gdpo": Estimator(_gdpo, gdpo_contributions, group_relative=True, needs_critic=False),
+    "gae": Estimator(_gae, lambda r, w, eps: batch_contributions(r, w), group_relative=False, needs_critic=True),
 }

@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from mrl.advantages import check_finite, dead_groups
+from mrl.advantages import advantage_shares, check_finite, dead_groups, distinct_per_group
 from mrl.algos import ESTIMATORS
 from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
 from mrl.config import UserError
@@ -197,8 +197,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             generated_tokens = sum(int(r.completion_mask.sum()) for r in generated)
             metrics = {"step": step}
             metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
+            sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
+            sequence_adv = sequence_adv.view(rewards.shape[:2]).cpu()  # [B', G]
+            shares = advantage_shares(estimator.contributions(shaped, weights, algo.adv_eps), sequence_adv)
+            metrics.update({f"adv/share/{name}": shares[k].item() for k, name in enumerate(reward_set.names)})
             metrics.update({
                 "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
+                "adv/distinct_per_group": distinct_per_group(sequence_adv),
                 "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
                 "groups/dead_frac": dead_groups(rewards[..., task_channels]).float().mean().item(),
                 "dapo/gen_batches": len(generated), "dapo/rollouts_generated": len(generated) * B * G,

@@ -83,7 +83,7 @@ def test_tokenizer_pads_left(path):
     tok = load_tokenizer(path)
     assert tok.padding_side == "left"
     batch = tok(["max 3 7 =", "7"], padding=True)
-    assert batch.input_ids[1] == [0, 0, 0, 10]
+    assert batch.input_ids[1] == [0, 0, 0, 11]  # "7" = 4 + 7
     assert batch.attention_mask[1] == [0, 0, 0, 1]
 
 
