@@ -56,12 +56,13 @@ def report(
     run_dirs: List[Path] = typer.Argument(..., help="Run dirs or multirun dirs (searched for metrics.jsonl)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG path (default: report.png in the first dir)."),
     last: int = typer.Option(10, help="Final means are taken over this many last steps."),
+    smooth: int = typer.Option(10, help="Moving-average window of the plotted curves (1: raw)."),
 ) -> None:
     """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means."""
     from mrl.report import ReportError, make_report
 
     try:
-        png, table = make_report(run_dirs, out, last)
+        png, table = make_report(run_dirs, out, last, smooth)
     except ReportError as err:
         _fail(str(err))
     print(table)

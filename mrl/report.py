@@ -22,7 +22,8 @@ class Run:
 
     def channels(self) -> list[str]:
         keys = self.records[0].keys() if self.records else []
-        return [k.split("/")[1] for k in keys if k.startswith("reward/") and k.endswith("/mean")]
+        names = [k.split("/")[1] for k in keys if k.startswith("reward/") and k.endswith("/mean")]
+        return [n for n in names if n != "total"]
 
     def final_mean(self, key: str, last: int) -> float | None:
         values = [r[key] for r in self.records[-last:] if r.get(key) is not None]
@@ -51,8 +52,18 @@ def run_label(run_dir: Path) -> str:
     return f"{cfg.algo.name}/seed{cfg.trainer.seed}"
 
 
-def make_report(paths: list[Path], out: Path | None = None, last: int = 10) -> tuple[Path, str]:
-    """Write the PNG (a panel per channel, a line per run) and a markdown table beside it; return both."""
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` points (window 1: unchanged)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smooth: int = 10) -> tuple[Path, str]:
+    """Write the PNG (a panel per channel, a line per run, raw faint and smoothed over `smooth` steps solid) and a
+    markdown table of final means beside it; return both."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -69,7 +80,10 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10) -> t
         for run in runs:
             points = [(r["step"], r[key]) for r in run.records if r.get(key) is not None]
             if points:
-                ax.plot(*zip(*points), label=run.label, linewidth=1.2)
+                steps, values = zip(*points)
+                line, = ax.plot(steps, moving_average(list(values), smooth), label=run.label, linewidth=1.4)
+                if smooth > 1:
+                    ax.plot(steps, values, color=line.get_color(), alpha=0.2, linewidth=0.8)
         ax.set_title(channel)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -388,3 +388,23 @@ def test_masked_whiten_random():
     assert abs(inside.mean().item()) < 1e-10
     assert abs(inside.std().item() - 1.0) < 1e-6  # unbiased, like the function
     assert torch.equal(out[~mask], torch.zeros_like(out[~mask]))
+
+
+def trl_normalize_then_sum(rewards: torch.Tensor, weights: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """TRL's documented GRPOConfig(multi_objective_aggregation="normalize_then_sum"), written from its definition:
+    per reward function, (r - group mean) / (unbiased group std + eps); weighted sum; then
+    (A - batch mean) / (unbiased batch std + eps).  rewards [B, G, K] -> [B, G]."""
+    mean_k = rewards.mean(dim=1, keepdim=True)
+    std_k = rewards.std(dim=1, keepdim=True)
+    summed = ((rewards - mean_k) / (std_k + eps) * weights).sum(-1)
+    return (summed - summed.mean()) / (summed.std() + eps)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gdpo_matches_trl_normalize_then_sum(seed):
+    generator = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (6, 4, 3), generator=generator).double()  # ties: constant channels and groups
+    rewards[:, :, 2] *= 25.0  # a loud channel
+    rewards[0] = 1.0  # a fully constant group
+    weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(gdpo_advantages(rewards, weights, eps=1e-4), trl_normalize_then_sum(rewards, weights))

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compose_config
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from conftest import compose_config
 from mrl.config import TinyModelSpec, UserError
 from mrl.models import (
     SPECIAL_TOKENS,

@@ -10,10 +10,10 @@ import re
 
 import pytest
 import torch
+from conftest import compose_config
 from omegaconf import OmegaConf
 from torch.testing import assert_close
 
-from conftest import compose_config
 from mrl.config import RewardsConfig, UserError
 from mrl.episode import Episode, Prompt
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
@@ -73,8 +73,8 @@ def test_target_is_op_of_digits_in_text(ops):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(ops=("avg",)), dict(ops=()), dict(ops=("max", "sum")), dict(low=5, high=5), dict(low=6, high=2),
-     dict(low=-1), dict(high=10)],
+    [{"ops": ("avg",)}, {"ops": ()}, {"ops": ("max", "sum")}, {"low": 5, "high": 5}, {"low": 6, "high": 2},
+     {"low": -1}, {"high": 10}],
 )
 def test_bad_task_arguments_raise(kwargs):
     with pytest.raises(ValueError):
@@ -277,6 +277,7 @@ def test_shape_veto_multi_group_uses_batch_worst():
     r = torch.tensor([[[1.0, 0.0], [2.0, -1.0]], [[-4.0, 0.0], [3.0, -2.0]]])
     rs = RewardSet([ChannelSpec("score", None, 1.0), ChannelSpec("guard", None, 1.0, enforce="veto")])
     shaped, keep, stats = rs.shape(r)
+    assert keep.all()
     assert_close(shaped, torch.tensor([[[1.0, 0.0], [-4.0, -2.0]], [[-4.0, 0.0], [-4.0, -2.0]]]))
     assert stats == {"constraint/guard/veto_frac": 0.5}
 

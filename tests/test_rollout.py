@@ -1,0 +1,201 @@
+"""Generation, the Rollouts layout (left-padded prompts, right-padded completions) and the policy's log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import compose_config
+from torch.testing import assert_close
+
+from mrl.episode import Episode, Prompt
+from mrl.models import Actor, load_causal_lm, load_tokenizer, resolve_model_path
+from mrl.rollout import Rollouts, generate, policy_forward, position_ids
+
+CPU = torch.device("cpu")
+PAD, EOS, BOS, UNK = 0, 1, 2, 3
+SPECIAL_TEXT = ["<pad>", "<eos>", "<bos>", "<unk>"]
+# tiny vocab ids: digit d = 4 + d, max 14, min 15, "=" 16, hack 17, w0..w9 = 22..31
+MAX_3_7 = [14, 7, 11, 16]
+
+
+@pytest.fixture(scope="module")
+def cfg(_isolated_env):
+    return compose_config()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cfg):
+    return load_tokenizer(resolve_model_path(cfg.model))
+
+
+@pytest.fixture(scope="module")
+def model(cfg):
+    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU).eval()
+
+
+def dummy_episodes(n: int, start: int = 0) -> list[Episode]:
+    return [Episode(Prompt(f"p{i}"), f"e{i}", [], 1, False, 8) for i in range(start, start + n)]
+
+
+def rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, group_size=1, episodes=None) -> Rollouts:
+    tensors = [torch.tensor(x, dtype=torch.long) for x in (prompt_ids, prompt_mask, completion_ids, completion_mask)]
+    return Rollouts(*tensors, episodes if episodes is not None else dummy_episodes(len(prompt_ids)), group_size)
+
+
+# --------------------------------------------------------------------------------------------- generate
+
+
+def test_generate_layout_and_episodes(model, tokenizer):
+    prompts = [Prompt("max 3 7 =", {"target": 7}), Prompt("7", {"target": 7})]
+    G, max_new = 3, 12
+    seen_ended = seen_truncated = False
+    for seed in range(8):  # sample until both an ended and a truncated rollout have been checked
+        torch.manual_seed(seed)
+        r = generate(model, tokenizer, prompts, G, max_new, 1.0, False, CPU)
+        N = 2 * G
+        assert r.group_size == G and r.num_groups == 2 and len(r.episodes) == N
+        # prompts: each repeated G times, left-padded: "7" is 1 token, padded to 4
+        assert r.prompt_ids.tolist() == [MAX_3_7] * G + [[PAD, PAD, PAD, 11]] * G
+        assert r.prompt_mask.tolist() == [[1, 1, 1, 1]] * G + [[0, 0, 0, 1]] * G
+        T = r.completion_ids.shape[1]
+        assert r.completion_ids.shape == r.completion_mask.shape == (N, T) and 1 <= T <= max_new
+        assert r.input_ids.shape == r.attention_mask.shape == (N, 4 + T)
+        for n, ep in enumerate(r.episodes):
+            ids, mask = r.completion_ids[n].tolist(), r.completion_mask[n].tolist()
+            assert ep.prompt is prompts[n // G]
+            ended = EOS in ids
+            length = ids.index(EOS) + 1 if ended else T
+            # 1 up to and including the first eos, 0 after
+            assert mask == [1] * length + [0] * (T - length), (ids, mask)
+            assert ep.num_tokens == sum(mask) == length
+            assert ep.truncated == (not ended)
+            if not ended:
+                assert length == max_new
+            assert all(i == PAD for i in ids[length:])  # generate pads finished rows
+            assert ep.completion_ids == ids[: length - int(ended)]  # eos excluded
+            assert ep.max_new_tokens == max_new
+            assert not any(s in ep.completion for s in SPECIAL_TEXT)
+            assert ep.completion == tokenizer.decode(ep.completion_ids, skip_special_tokens=True)
+            seen_ended |= ended
+            seen_truncated |= not ended
+        if seen_ended and seen_truncated:
+            break
+    assert seen_ended and seen_truncated
+
+
+# --------------------------------------------------------------------------------------------- Rollouts
+
+
+def six_rollouts() -> Rollouts:
+    """N=6 rollouts in 3 groups of G=2; row n has prompt [n] and completion [10 + n]."""
+    return rollouts([[n] for n in range(6)], [[1]] * 6, [[10 + n] for n in range(6)], [[1]] * 6, group_size=2)
+
+
+def test_take():
+    r = six_rollouts().take(torch.tensor([3, 1]))
+    assert r.prompt_ids.tolist() == [[3], [1]]
+    assert r.completion_ids.tolist() == [[13], [11]]
+    assert [e.completion for e in r.episodes] == ["e3", "e1"]
+    assert r.group_size == 2
+
+
+def test_select_groups():
+    r = six_rollouts().select_groups(torch.tensor([2, 0]))
+    # group 2 = rows 4, 5; group 0 = rows 0, 1
+    assert r.prompt_ids.tolist() == [[4], [5], [0], [1]]
+    assert r.completion_ids.tolist() == [[14], [15], [10], [11]]
+    assert [e.completion for e in r.episodes] == ["e4", "e5", "e0", "e1"]
+    assert r.num_groups == 2
+    empty = six_rollouts().select_groups(torch.tensor([], dtype=torch.long))
+    assert empty.prompt_ids.shape == (0, 1) and empty.episodes == []
+
+
+def test_concat_repads():
+    # part a: prompt of 2, completion of 2 (ended: 7 <eos>), group of 1
+    a = rollouts([[5, 6]], [[1, 1]], [[7, EOS]], [[1, 1]], episodes=dummy_episodes(1, 0))
+    # part b: 2 rows, prompts left-padded to 3, completions of 3 (row 1 ended early, right-padded)
+    b = rollouts([[PAD, 8, 9], [4, 5, 6]], [[0, 1, 1], [1, 1, 1]],
+                 [[11, 12, 13], [20, EOS, PAD]], [[1, 1, 1], [1, 1, 0]], episodes=dummy_episodes(2, 1))
+    c = Rollouts.concat([a, b], pad_id=PAD)
+    assert c.prompt_ids.tolist() == [[PAD, 5, 6], [PAD, 8, 9], [4, 5, 6]]
+    assert c.prompt_mask.tolist() == [[0, 1, 1], [0, 1, 1], [1, 1, 1]]
+    assert c.completion_ids.tolist() == [[7, EOS, PAD], [11, 12, 13], [20, EOS, PAD]]
+    assert c.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1], [1, 1, 0]]
+    assert [e.completion for e in c.episodes] == ["e0", "e1", "e2"]
+    assert c.group_size == 1
+    # the whole sequences: row 0 is pad ++ 5 6 ++ 7 eos ++ pad, masked accordingly
+    assert c.input_ids[0].tolist() == [PAD, 5, 6, 7, EOS, PAD]
+    assert c.attention_mask[0].tolist() == [0, 1, 1, 1, 1, 0]
+    # order of parts is kept; the pad id is the one given
+    d = Rollouts.concat([b, a], pad_id=99)
+    assert d.prompt_ids.tolist() == [[PAD, 8, 9], [4, 5, 6], [99, 5, 6]]
+    assert d.completion_ids.tolist() == [[11, 12, 13], [20, EOS, PAD], [7, EOS, 99]]
+    assert d.completion_mask[2].tolist() == [1, 1, 0]
+
+
+def test_concat_single_part_is_itself():
+    r = six_rollouts()
+    assert Rollouts.concat([r], pad_id=PAD) is r
+
+
+def test_position_ids():
+    assert position_ids(torch.tensor([[0, 0, 1, 1, 1]])).tolist() == [[0, 0, 0, 1, 2]]
+    assert position_ids(torch.tensor([[1, 1, 1], [0, 1, 1]])).tolist() == [[0, 1, 2], [0, 0, 1]]
+    # right padding (after an eos) repeats the last real position
+    assert position_ids(torch.tensor([[0, 1, 1, 0, 0]])).tolist() == [[0, 0, 1, 1, 1]]
+
+
+# --------------------------------------------------------------------------------------------- policy_forward
+
+
+def manual_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """log p(completion[t] | prompt ++ completion[:t]) from a plain forward of the unpadded sequence."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0]  # [L, V]
+    P = len(prompt)
+    logp = torch.log_softmax(logits[P - 1:-1].float(), -1)  # position P-1+t predicts completion token t
+    return logp.gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_policy_forward_matches_manual_and_ignores_left_pad(cfg, attn):
+    model_cfg = cfg.model.copy()
+    model_cfg.attn_implementation = attn
+    model = load_causal_lm(resolve_model_path(model_cfg), model_cfg, CPU).eval()
+    actor = Actor(model)
+    completion = [4, 25, EOS]  # "0 w3 <eos>"
+    expected = manual_logprobs(model, MAX_3_7, completion)
+    with torch.no_grad():
+        plain, logits, values = policy_forward(actor, rollouts([MAX_3_7], [[1] * 4], [completion], [[1, 1, 1]]))
+        padded, _, _ = policy_forward(
+            actor, rollouts([[PAD, PAD] + MAX_3_7], [[0, 0, 1, 1, 1, 1]], [completion], [[1, 1, 1]]))
+    assert plain.shape == (1, 3) and logits.shape == (1, 3, 32) and values is None
+    assert_close(plain[0], expected, atol=1e-5, rtol=0)
+    assert_close(padded, plain, atol=1e-5, rtol=0)
+    assert (plain < 0).all()
+
+    # a batch mixing rows of different prompt lengths: each row equals its own unpadded forward
+    batch = rollouts([MAX_3_7, [PAD, PAD, PAD, 11]], [[1, 1, 1, 1], [0, 0, 0, 1]],
+                     [[10, 26, EOS], [17, EOS, PAD]], [[1, 1, 1], [1, 1, 0]])
+    with torch.no_grad():
+        lp, _, _ = policy_forward(actor, batch)
+    assert_close(lp[0], manual_logprobs(model, MAX_3_7, [10, 26, EOS]), atol=1e-5, rtol=0)
+    assert_close(lp[1, :2], manual_logprobs(model, [11], [17, EOS]), atol=1e-5, rtol=0)
+
+    # sensitivity: attending to the pads (mask all ones) does change the log-probs
+    with torch.no_grad():
+        unmasked, _, _ = policy_forward(
+            actor, rollouts([[PAD, PAD] + MAX_3_7], [[1] * 6], [completion], [[1, 1, 1]]))
+    assert (unmasked - plain).abs().max() > 1e-4
+
+
+def test_padding_after_eos_does_not_change_earlier_logprobs(model):
+    actor = Actor(model, value_head=True)
+    prompt, mask = [MAX_3_7], [[1, 1, 1, 1]]
+    with torch.no_grad():
+        a, _, va = policy_forward(actor, rollouts(prompt, mask, [[9, EOS, PAD, PAD]], [[1, 1, 0, 0]]))
+        b, _, vb = policy_forward(actor, rollouts(prompt, mask, [[9, EOS, 30, 17]], [[1, 1, 0, 0]]))
+        c, _, _ = policy_forward(actor, rollouts(prompt, mask, [[9, EOS]], [[1, 1]]))
+    assert_close(a[:, :2], b[:, :2], atol=1e-6, rtol=0)
+    assert_close(a[:, :2], c, atol=1e-5, rtol=0)
+    assert va.shape == (1, 4) and torch.equal(va, torch.zeros(1, 4)) and torch.equal(vb, va)
