@@ -54,7 +54,7 @@ class Enforce(str, Enum):
 
 @dataclass
 class AlgoConfig:
-    """One trainer.  The estimator comes from the registry in mrl/algos.py; every switch combines with every estimator."""
+    """One trainer: an estimator from the registry in mrl/algos.py plus switches that combine with any estimator."""
 
     name: str = MISSING
     advantage: Advantage = Advantage.grpo
@@ -79,7 +79,7 @@ class AlgoConfig:
     overlong_penalty: float = 1.0
     # PPO: critic, GAE, value loss.
     critic: Optional[Critic] = None
-    critic_lr: float = 1e-3
+    critic_lr: float = 1e-3  # the value model's, or the value head's, learning rate
     gamma: float = 1.0
     lam: float = 0.95
     value_clip: float = 0.2

@@ -55,13 +55,27 @@ def deepspeed_config(cfg: DeepSpeedConfig, micro_batch_size: int, lr: float, wei
     return config
 
 
+def param_groups(module: nn.Module, lr: float, lr_by_prefix: dict[str, float]) -> list[dict[str, Any]]:
+    """One AdamW group per distinct learning rate, by parameter-name prefix; the rest at `lr`."""
+    groups: dict[float, list[nn.Parameter]] = {}
+    for name, param in module.named_parameters():
+        if param.requires_grad:
+            group_lr = next((v for prefix, v in lr_by_prefix.items() if name.startswith(prefix)), lr)
+            groups.setdefault(group_lr, []).append(param)
+    return [{"params": ps, "lr": group_lr} for group_lr, ps in groups.items()]
+
+
 class Trainable:
-    """`module` trained by AdamW, optionally inside a DeepSpeed engine."""
+    """`module` trained by AdamW, optionally inside a DeepSpeed engine.
+
+    `lr_by_prefix` gives parameters whose name starts with a prefix their own learning rate (PPO's value head).
+    """
 
     def __init__(self, module: nn.Module, lr: float, weight_decay: float, grad_clip: float,
-                 ds: DeepSpeedConfig, micro_batch_size: int, device: torch.device):
+                 ds: DeepSpeedConfig, micro_batch_size: int, device: torch.device,
+                 lr_by_prefix: dict[str, float] | None = None):
         self.grad_clip = grad_clip
-        params = [p for p in module.parameters() if p.requires_grad]
+        params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
             # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run).
             os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mrl" / "torch_extensions"))

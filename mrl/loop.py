@@ -47,7 +47,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     quiet_transformers()
     device = pick_device(trainer.device)
     reward_set = build_reward_set(cfg.rewards, algo)
-    task_channels = [k for k, name in enumerate(reward_set.names) if name != "kl_penalty"]
+    task_channels = reward_set.task_channels
     weights = reward_set.weights  # [K]
     task = instantiate(cfg.rewards.task)
     B, G = trainer.prompts_per_step, trainer.group_size
@@ -66,7 +66,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if resume_from is not None:
         load_heads(resume_from, actor_module, critic)
     actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
-                      trainer.micro_batch_size, device)
+                      trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
     reference = None
     if algo.kl_coef > 0:
         reference = Actor(load_causal_lm(init_path, cfg.model, device)).eval().requires_grad_(False)

@@ -7,9 +7,9 @@ crash loses at most the step in flight.
 from __future__ import annotations
 
 import json
-import secrets
 import math
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -76,8 +76,8 @@ class Progress:
         self.started = time.perf_counter()
         self.first = start
         if self.interactive:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
-            from rich.progress import TimeRemainingColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                     TimeRemainingColumn(), TextColumn("{task.fields[rewards]}"))

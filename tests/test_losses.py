@@ -89,7 +89,8 @@ def test_masked_token_value_does_not_leak(agg):
     out_b.backward()
     assert_close(b.grad, a.grad, **TOL)
     assert torch.equal(a.grad[mask == 0], torch.zeros_like(a.grad[mask == 0]))
-    # Hand check of the gradient on unmasked tokens: token_mean 1/8 (2 + 4 + 2 = 8 tokens); seq_mean 1/(N * len) = 1/(3*len)
+    # Hand check of the gradient on unmasked tokens: token_mean 1/8 (2 + 4 + 2 = 8 tokens);
+    # seq_mean 1/(N * len) = 1/(3*len)
     if agg == "token_mean":
         assert_close(a.grad[mask == 1], torch.full((8,), 1 / 8, dtype=torch.float64), **TOL)
     else:

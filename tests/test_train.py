@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import ALGOS
+
 from mrl.checkpoint import latest_checkpoint
 from mrl.loop import train
 from mrl.models import load_causal_lm, resolve_model_path

@@ -50,6 +50,9 @@ class ChannelSpec:
     violation_below: float = 0.0
     condition_on: str | None = None
     threshold: float = 1.0
+    # Added by the algorithm (overlong, kl_penalty), not by the task: logged and weighted like the others, but a
+    # group is not live just because its rollouts differ in length shaping or KL (DAPO filters on task outcomes).
+    shaping: bool = False
 
 
 class RewardSet:
@@ -58,6 +61,7 @@ class RewardSet:
     def __init__(self, specs: list[ChannelSpec]):
         self.specs = specs
         self.names = [s.name for s in specs]
+        self.task_channels = [k for k, s in enumerate(specs) if not s.shaping]  # the channels dead groups are tested on
         index = {name: k for k, name in enumerate(self.names)}
         for spec in specs:
             if spec.condition_on is not None and spec.condition_on not in index:
@@ -152,7 +156,8 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
             )
         )
     if algo_cfg.overlong_buffer > 0:
-        specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer, algo_cfg.overlong_penalty), 1.0))
+        specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer, algo_cfg.overlong_penalty), 1.0,
+                                 shaping=True))
     if algo_cfg.kl_coef > 0 and algo_cfg.kl_mode.value == "reward":
-        specs.append(ChannelSpec("kl_penalty", None, 1.0))
+        specs.append(ChannelSpec("kl_penalty", None, 1.0, shaping=True))
     return RewardSet(specs)
