@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow lint clean
+export SCALE ?= cpu
+REPROS := collapse scale-dominance dead-groups constraints memory trainers
+
+.PHONY: help install train test test-slow lint clean repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -36,5 +39,25 @@ test-slow: $(STAMP) ## Run the slow checks (longer CPU training runs)
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts
 
+repro-collapse: $(STAMP) ## Distinct advantage groups, GRPO vs GDPO, binary rewards (no training, seconds)
+	$(BIN)/python -m mrl.repro.collapse
+
+repro-scale-dominance: $(STAMP) ## GRPO vs GDPO vs hand-weighted GRPO: curves and adv/share per channel (~2 min)
+	$(BIN)/python -m mrl.repro.scale_dominance
+
+repro-dead-groups: $(STAMP) ## Dead groups under GRPO vs DAPO's trained batches, and DAPO's extra generations (~1 min)
+	$(BIN)/python -m mrl.repro.dead_groups
+
+repro-constraints: $(STAMP) ## Safety as a weight (several) vs enforced by a veto: shortcut use (~4 min)
+	$(BIN)/python -m mrl.repro.constraints
+
+repro-memory: $(STAMP) ## Peak memory of one step per preset at equal batch (~2 min)
+	$(BIN)/python -m mrl.repro.memory
+
+repro-trainers: $(STAMP) ## The seven presets x 3 seeds as one multirun: curves, table, steps to target (~10 min)
+	$(BIN)/python -m mrl.repro.trainers
+
+repro: $(addprefix repro-,$(REPROS)) ## Every reproduction (SCALE=gpu: a real model)
+
 clean: ## Remove run outputs (keeps .venv)
-	rm -rf outputs multirun
+	rm -rf outputs multirun reports/*/runs reports/*/*/runs

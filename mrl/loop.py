@@ -35,6 +35,9 @@ from mrl.rollout import Rollouts, generate, policy_forward, value_forward
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 
 
+UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
+
+
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`.
 
@@ -119,7 +122,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     live_parts.append((rollouts, rewards))
                 break
             all_rewards = torch.cat(generated_rewards)  # [B * rounds, G, K]
-            if not live_parts:  # dynamic sampling found no live group: nothing to learn from this step
+            # Dynamic sampling found no live group within max_gen_batches: nothing to learn, so no optimizer step
+            # (Adam would still move the weights on a zero gradient); the first round is scored for the logs.
+            skip_update = not live_parts
+            if skip_update:
                 live_parts.append((generated[0], generated_rewards[0]))
             batch = Rollouts.concat([p for p, _ in live_parts], tokenizer.pad_token_id)
             rewards = torch.cat([r for _, r in live_parts]).clone()  # [B', G, K]
@@ -145,7 +151,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             sums: dict[str, float] = {}
             num_rows = loss_mask.shape[0]
             mini_batches = 0
-            for _ in range(algo.epochs):
+            for _ in range(0 if skip_update else algo.epochs):
                 order = torch.randperm(num_rows)
                 for mini in order.chunk(trainer.num_mini_batches):
                     mini_batches += 1
@@ -205,14 +211,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
                 "adv/distinct_per_group": distinct_per_group(sequence_adv),
                 "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-                "groups/dead_frac": dead_groups(rewards[..., task_channels]).float().mean().item(),
+                "groups/dead_frac": (None if skip_update
+                                     else dead_groups(rewards[..., task_channels]).float().mean().item()),
+                "dapo/skipped_update": float(skip_update),
                 "dapo/gen_batches": len(generated), "dapo/rollouts_generated": len(generated) * B * G,
                 "dapo/live_groups": num_live if algo.dynamic_sampling else rewards.shape[0],
             })
             metrics.update({k: v / mini_batches for k, v in sums.items()})
-            metrics.setdefault("kl", None)  # no reference model loaded (algo.kl_coef=0): not measured
-            if not estimator.needs_critic:
-                metrics.setdefault("loss/value", None)
+            # Not measured this step (null in metrics.jsonl): kl without a reference model, loss/value without a
+            # critic, every update metric when dynamic sampling skipped the update.
+            for key in UPDATE_KEYS:
+                metrics.setdefault(key, None)
             metrics.update(shaping_stats)
             metrics.update({
                 "perf/step_s": step_s, "perf/rollout_s": rollout_s, "perf/update_s": update_s,

@@ -102,3 +102,26 @@ def test_zero2_step_on_cpu(make_cfg, tmp_path):
     assert (ckpt / "deepspeed").is_dir() and (ckpt / "policy" / "model.safetensors").exists()
     after = load_causal_lm(str(ckpt / "policy"), cfg.model, torch.device("cpu")).state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+class Constant:
+    """A reward channel that never varies: every group it scores alone is dead."""
+
+    def __call__(self, episode) -> float:
+        return 1.0
+
+
+def test_dynamic_sampling_skips_the_update_when_no_group_is_live(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg("algo=dapo", "algo.max_gen_batches=2", "algo.overlong_buffer=0", "trainer.save_every=2")
+    for name in ("correctness", "efficiency", "safety"):
+        OmegaConf.update(cfg, f"rewards.channels.{name}.fn", {"_target_": "test_train.Constant"})
+    before = initial_weights(cfg)
+    train(cfg, tmp_path)
+    for record in read_metrics(tmp_path / METRICS_FILE):
+        assert record["dapo/gen_batches"] == 2 and record["dapo/skipped_update"] == 1.0
+        assert record["groups/dead_frac_raw"] == 1.0 and record["groups/dead_frac"] is None
+        assert record["loss/policy"] is None and record["entropy"] is None
+    after = load_causal_lm(str(latest_checkpoint(tmp_path) / "policy"), cfg.model, torch.device("cpu")).state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "weights moved without a live group"

@@ -1,0 +1,101 @@
+"""What the reproductions share: running an `mrl train` multirun, reading its runs, writing the report files."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from mrl.tracking import METRICS_FILE, read_metrics
+
+REPORTS = Path("reports")
+# SCALE=gpu: a real model; the rest of each target's config stays as it is.
+SCALES = {
+    "cpu": [],
+    "gpu": ["model=qwen2_5_1_5b_instruct", "trainer.max_new_tokens=64", "trainer.lr=1e-6",
+            "trainer.micro_batch_size=16", "deepspeed=zero2", "deepspeed.bf16=true"],
+}
+
+
+@dataclass
+class Run:
+    overrides: dict[str, Any]  # the swept keys as Hydra printed them
+    config: Any
+    records: list[dict[str, Any]]
+
+    def series(self, key: str) -> list[float]:
+        return [r[key] for r in self.records if r.get(key) is not None]
+
+    def mean_last(self, key: str, n: int) -> float:
+        values = self.series(key)[-n:]
+        return sum(values) / len(values) if values else float("nan")
+
+
+def scale_overrides() -> list[str]:
+    scale = os.environ.get("SCALE", "cpu")
+    if scale not in SCALES:
+        raise SystemExit(f"SCALE={scale!r}: choose one of {sorted(SCALES)}")
+    return SCALES[scale]
+
+
+def multirun(name: str, sweep: list[str]) -> tuple[list[Run], str]:
+    """Run `mrl train -m <sweep>` into reports/<name>/runs; return its runs and the exact command."""
+    sweep_dir = REPORTS / name / "runs"
+    args = ["train", "-m", *sweep, *scale_overrides(), "logger=none", "logger.log_every=100",
+            "trainer.save_every=100000", f"hydra.sweep.dir={sweep_dir}"]
+    command = "mrl " + " ".join(shlex.quote(a) for a in args)
+    print(f"$ {command}", flush=True)
+    subprocess.run([sys.executable, "-m", "mrl.cli", *args], check=True)
+    runs = []
+    for metrics in sorted(sweep_dir.glob(f"*/{METRICS_FILE}"), key=lambda p: int(p.parent.name.split("_")[0])):
+        hydra_dir = metrics.parent / ".hydra"
+        task = OmegaConf.load(hydra_dir / "overrides.yaml")
+        swept = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in task}
+        runs.append(Run(swept, OmegaConf.load(hydra_dir / "config.yaml"), read_metrics(metrics)))
+    return runs, command
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def overall(parts: list[bool]) -> bool | None:
+    """A claim made of several parts: held if all hold, did not hold if none does, mixed otherwise."""
+    return True if all(parts) else False if not any(parts) else None
+
+
+def write_summary(name: str, claim: str, setup: str, numbers: str, verdict: str, held: bool | None) -> Path:
+    status = {True: "HELD", False: "DID NOT HOLD", None: "MIXED"}[held]
+    text = (f"# {name}\n\n**Claim.** {claim}\n\n**Setup.**\n\n{setup}\n\n**Measured.**\n\n{numbers}\n\n"
+            f"**Verdict: {status}.** {verdict}\n")
+    path = REPORTS / name / "summary.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(text)
+    return path
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    def fmt(value: Any) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def moving_average(values: list[float], window: int = 20) -> list[float]:
+    from mrl.report import moving_average as smooth
+
+    return smooth(values, window)

@@ -1,0 +1,39 @@
+"""Plot helpers for the reproductions: curves averaged over seeds with their spread."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable
+
+from mrl.repro.common import Run, moving_average
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def group_runs(runs: list[Run], key: Callable[[Run], str]) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        groups[key(run)].append(run)
+    return dict(groups)
+
+
+def plot_band(ax, runs: list[Run], metric: str, label: str, window: int = 20) -> None:
+    """Mean over runs (seeds) of the smoothed curve, shaded between the lowest and highest run."""
+    curves = [moving_average(run.series(metric), window) for run in runs if run.series(metric)]
+    if not curves:
+        return
+    length = min(len(c) for c in curves)
+    steps = list(range(1, length + 1))
+    columns = list(zip(*(c[:length] for c in curves)))
+    mean = [sum(col) / len(col) for col in columns]
+    line, = ax.plot(steps, mean, label=label, linewidth=1.4)
+    if len(curves) > 1:
+        ax.fill_between(steps, [min(c) for c in columns], [max(c) for c in columns], color=line.get_color(),
+                        alpha=0.15)

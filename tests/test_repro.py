@@ -1,0 +1,50 @@
+"""The reproductions' own computations, on cases small enough to count by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mrl.report import moving_average
+from mrl.repro.collapse import all_binary_groups, count_distinct, distinct_groups
+from mrl.repro.common import overall
+
+
+def test_all_binary_groups_enumerates_every_assignment():
+    groups = all_binary_groups(group_size=2, channels=2)
+    assert groups.shape == (16, 2, 2)
+    assert len({tuple(g.flatten().tolist()) for g in groups}) == 16
+
+
+@pytest.mark.parametrize("channels, group_size, grpo, gdpo", [
+    # K=1, G=2: 00 and 11 give (0, 0); 01 and 10 give (-0.707, 0.707) once sorted -> 2 each (GDPO = GRPO at K=1).
+    (1, 2, 2, 2),
+    # K=1, G=4: 0 or 4 ones -> all zeros; 1, 2, 3 ones -> three different sorted patterns -> 4.
+    (1, 4, 4, 4),
+    # K=2, G=2: GRPO sees only whether the two sums differ -> {(0,0), (-.707,.707)} = 2.  GDPO adds +-0.707 per
+    # channel that differs: no channel or opposite directions -> 0, one channel -> +-0.707, both the same way ->
+    # +-1.414 -> 3.
+    (2, 2, 2, 3),
+    # K=2, G=3: GRPO on sums in {0,1,2}: all equal; two low + one high; one low + two high; all distinct -> 4.
+    (2, 3, 4, None),
+])
+def test_distinct_advantage_groups_by_hand(channels, group_size, grpo, gdpo):
+    counts = distinct_groups(group_size, channels)
+    assert counts["grpo"] == grpo
+    if gdpo is not None:
+        assert counts["gdpo"] == gdpo
+
+
+def test_count_distinct_ignores_order_and_tiny_differences():
+    advantages = torch.tensor([[1.0, -1.0], [-1.0, 1.0], [-1.0, 1.00001], [0.0, 0.0]], dtype=torch.float64)
+    assert count_distinct(advantages) == 2
+
+
+def test_overall_verdict():
+    assert overall([True, True]) is True
+    assert overall([False, False]) is False
+    assert overall([True, False]) is None
+
+
+def test_moving_average_is_trailing():
+    assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
