@@ -80,6 +80,20 @@ def gdpo_advantages(
     return (summed - flat.mean()) / (std + eps)
 
 
+def fill_abstentions(rewards: Tensor) -> Tensor:
+    """Replace abstentions (NaN) by the mean of the channel's other values in the same group.  [B, G, K] -> same.
+
+    An abstaining rollout then moves neither its channel's group mean nor its own advantage on that channel (it
+    does shrink that channel's group std by the share of abstainers).  A channel on which the whole group abstains
+    becomes 0 there: constant, so it contributes nothing.
+    """
+    present = ~torch.isnan(rewards)
+    counts = present.sum(dim=1, keepdim=True)  # [B, 1, K]
+    sums = torch.where(present, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    return torch.where(present, rewards, means.expand_as(rewards))
+
+
 def dead_groups(rewards: Tensor) -> Tensor:
     """rewards: [B, G, K] -> BoolTensor [B]: True where no channel varies within the group.
 

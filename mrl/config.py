@@ -108,6 +108,9 @@ class RewardsConfig:
     name: str = MISSING
     task: Any = MISSING  # `_target_` node building the task: prompts and episode metadata
     channels: dict[str, ChannelConfig] = field(default_factory=dict)
+    # A channel that raises or returns a non-number: `raise` stops the run (after writing a checkpoint of the last
+    # completed step); `drop` leaves the sample out of the update and counts it (rewards/failed_frac).
+    on_error: str = "raise"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from mrl.advantages import advantage_shares, check_finite, dead_groups, distinct_per_group
+from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, fill_abstentions
 from mrl.algos import ESTIMATORS
 from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
 from mrl.config import UserError
@@ -33,7 +33,6 @@ from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, 
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts, generate, policy_forward, value_forward
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
-
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -87,7 +86,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if cfg.logger.backend == "wandb" else None
     progress = Progress(trainer.max_steps, state["step"], reward_set.names, cfg.logger.log_every)
     metrics: dict[str, Any] = {}
-    step = state["step"]
+    saved_step = completed_step = state["step"]
+    completed_position = state["prompt_position"]
+    updating = False  # between the first optimizer step of a step and its end, the weights are mid-update
     try:
         for step in range(state["step"] + 1, trainer.max_steps + 1):
             step_start = time.perf_counter()
@@ -97,38 +98,34 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             # 1. Rollouts: B prompts x G samples, scored per channel.  With dynamic sampling, dead groups are
             #    dropped and more prompts drawn until B live groups are found or max_gen_batches is reached.
             actor.module.eval()
-            generated: list[Rollouts] = []
-            generated_rewards: list[Tensor] = []  # each [B, G, K]
-            live_parts: list[tuple[Rollouts, Tensor]] = []
+            generated: list[Rollouts] = []  # every generation round, scored
+            live_parts: list[Rollouts] = []  # the groups that will be trained on
             num_live = 0
             while True:
                 prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
                 state["prompt_position"] += B
                 rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
                                     trainer.temperature, cfg.model.use_chat_template, device)
-                rewards = reward_set.score(rollouts.episodes).view(B, G, -1)  # [B, G, K]
-                check_finite(rewards, reward_set.names)
+                rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
                 generated.append(rollouts)
-                generated_rewards.append(rewards)
-                live = ~dead_groups(rewards[..., task_channels])  # [B]
+                grouped = fill_abstentions(rollouts.rewards.view(B, G, -1))  # [B, G, K]
+                live = ~dead_groups(grouped[..., task_channels])  # [B]
                 if algo.dynamic_sampling:
                     groups = live.nonzero().squeeze(-1)[: B - num_live]
                     if len(groups):
-                        live_parts.append((rollouts.select_groups(groups), rewards[groups]))
+                        live_parts.append(rollouts.select_groups(groups))
                     num_live += len(groups)
                     if num_live < B and len(generated) < algo.max_gen_batches:
                         continue
                 else:
-                    live_parts.append((rollouts, rewards))
+                    live_parts.append(rollouts)
                 break
-            all_rewards = torch.cat(generated_rewards)  # [B * rounds, G, K]
+            all_rewards = torch.cat([r.rewards for r in generated]).view(-1, G, len(reward_set.names))
             # Dynamic sampling found no live group within max_gen_batches: nothing to learn, so no optimizer step
             # (Adam would still move the weights on a zero gradient); the first round is scored for the logs.
             skip_update = not live_parts
-            if skip_update:
-                live_parts.append((generated[0], generated_rewards[0]))
-            batch = Rollouts.concat([p for p, _ in live_parts], tokenizer.pad_token_id)
-            rewards = torch.cat([r for _, r in live_parts]).clone()  # [B', G, K]
+            batch = Rollouts.concat(live_parts or generated[:1], tokenizer.pad_token_id)
+            rewards = batch.rewards.view(-1, G, len(reward_set.names)).clone()  # [B', G, K], NaN = abstained
             rollout_s = time.perf_counter() - step_start
 
             # 2. Log-probs of the sampling policy and the reference, values of the critic: no gradients.
@@ -142,11 +139,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
             # 3. Conditions and constraints, then advantages by the algorithm's estimator.
             shaped, keep, shaping_stats = reward_set.shape(rewards)  # [B', G, K], [B', G]
+            keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
+            shaped = fill_abstentions(shaped)
             advantages, returns = estimator.token_advantages(shaped.to(device), weights.to(device), mask,
                                                              old_values, algo)  # [N, T], [N, T] | None
             loss_mask = mask * keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
 
             # 4. Policy (and critic) update: epochs x mini-batches x micro-batches, clipped surrogate.
+            updating = True
             actor.module.train()
             sums: dict[str, float] = {}
             num_rows = loss_mask.shape[0]
@@ -196,6 +196,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                         if grad_norm is not None:
                             accumulate(sums, "grad_norm", grad_norm)
             update_s = time.perf_counter() - update_start
+            updating = False
 
             # 5. Log and checkpoint.
             state["step"] = step
@@ -210,9 +211,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             metrics.update({
                 "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
                 "adv/distinct_per_group": distinct_per_group(sequence_adv),
-                "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
+                "groups/dead_frac_raw": dead_groups(fill_abstentions(all_rewards)[..., task_channels]).float()
+                .mean().item(),
+                "rewards/failed_frac": torch.cat([r.failed for r in generated]).float().mean().item(),
                 "groups/dead_frac": (None if skip_update
-                                     else dead_groups(rewards[..., task_channels]).float().mean().item()),
+                                     else dead_groups(shaped[..., task_channels]).float().mean().item()),
                 "dapo/skipped_update": float(skip_update),
                 "dapo/gen_batches": len(generated), "dapo/rollouts_generated": len(generated) * B * G,
                 "dapo/live_groups": num_live if algo.dynamic_sampling else rewards.shape[0],
@@ -232,8 +235,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             if wandb is not None:
                 wandb.log(metrics)
             progress.update(step, metrics)
+            completed_step, completed_position = step, state["prompt_position"]
             if step % trainer.save_every == 0 or step == trainer.max_steps:
                 save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic)
+                saved_step = step
+    except BaseException:
+        # A crash (a failing reward channel, Ctrl-C) outside the update: keep the last completed step's weights.
+        # The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
+        if not updating and completed_step > saved_step:
+            state.update(step=completed_step, prompt_position=completed_position)
+            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic)
+        raise
     finally:
         progress.close()
         metrics_file.close()
@@ -279,13 +291,16 @@ def masked_std(values: Tensor, mask: Tensor) -> float:
 
 
 def reward_metrics(rewards: Tensor, weights: Tensor, names: list[str]) -> dict[str, float]:
-    """Per-channel mean and std over every rollout generated this step, and the weighted total."""
+    """Per-channel mean, std and abstention share over every rollout generated this step (abstentions left out),
+    and the weighted total (an abstention counting 0 in it)."""
     flat = rewards.reshape(-1, rewards.shape[-1])  # [M, K]
     out = {}
     for k, name in enumerate(names):
-        out[f"reward/{name}/mean"] = flat[:, k].mean().item()
-        out[f"reward/{name}/std"] = flat[:, k].std().item() if flat.shape[0] > 1 else 0.0
-    out["reward/total/mean"] = (flat * weights).sum(-1).mean().item()
+        present = flat[:, k][~torch.isnan(flat[:, k])]
+        out[f"reward/{name}/mean"] = present.mean().item() if len(present) else None
+        out[f"reward/{name}/std"] = present.std().item() if len(present) > 1 else 0.0
+        out[f"reward/{name}/abstain_frac"] = 1.0 - len(present) / max(flat.shape[0], 1)
+    out["reward/total/mean"] = (torch.nan_to_num(flat) * weights).sum(-1).mean().item()
     return out
 
 

@@ -24,6 +24,8 @@ class Rollouts:
     completion_mask: Tensor  # [N, T] 1 on generated tokens, end-of-sequence included
     episodes: list[Episode]
     group_size: int
+    rewards: Tensor | None = None  # [N, K] per channel once scored; NaN where a channel abstained
+    failed: Tensor | None = None  # [N] bool: a reward channel failed on the sample (rewards.on_error=drop)
 
     @property
     def num_groups(self) -> int:
@@ -40,9 +42,12 @@ class Rollouts:
     def take(self, rows: Tensor) -> "Rollouts":
         """The rollouts at `rows` [M] (a micro-batch, or whole groups)."""
         rows = rows.to(self.prompt_ids.device)
+        cpu_rows = rows.cpu()
         return Rollouts(
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows],
             [self.episodes[r] for r in rows.tolist()], self.group_size,
+            self.rewards[cpu_rows] if self.rewards is not None else None,
+            self.failed[cpu_rows] if self.failed is not None else None,
         )
 
     def select_groups(self, groups: Tensor) -> "Rollouts":
@@ -71,6 +76,8 @@ class Rollouts:
             torch.cat([right(p.completion_mask, 0) for p in parts]),
             [e for p in parts for e in p.episodes],
             parts[0].group_size,
+            torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
+            torch.cat([p.failed for p in parts]) if parts[0].failed is not None else None,
         )
 
 

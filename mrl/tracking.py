@@ -85,7 +85,8 @@ class Progress:
             self.bar.start()
 
     def _rewards(self, metrics: dict[str, Any]) -> str:
-        return " ".join(f"{c}={metrics[f'reward/{c}/mean']:.3g}" for c in self.channels)
+        values = {c: metrics.get(f"reward/{c}/mean") for c in self.channels}
+        return " ".join(f"{c}={'-' if v is None else f'{v:.3g}'}" for c, v in values.items())
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
         if self.interactive:

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from mrl.advantages import (
     check_finite,
     dead_groups,
+    fill_abstentions,
     gae_advantages,
     gdpo_advantages,
     grpo_advantages,
@@ -408,3 +409,22 @@ def test_gdpo_matches_trl_normalize_then_sum(seed):
     rewards[0] = 1.0  # a fully constant group
     weights = torch.tensor([1.0, 0.5, 2.0], dtype=torch.float64)
     torch.testing.assert_close(gdpo_advantages(rewards, weights, eps=1e-4), trl_normalize_then_sum(rewards, weights))
+
+
+def test_fill_abstentions_uses_the_group_mean_of_the_others():
+    nan = float("nan")
+    # group 0, channel 0: 1, NaN, 3 -> NaN becomes (1 + 3) / 2 = 2; channel 1 all NaN -> 0.
+    # group 1, channel 0: nothing missing; channel 1: 5, NaN, NaN -> 5.
+    rewards = torch.tensor([[[1.0, nan], [nan, nan], [3.0, nan]],
+                            [[0.0, 5.0], [1.0, nan], [2.0, nan]]])
+    expected = torch.tensor([[[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]],
+                             [[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]]])
+    torch.testing.assert_close(fill_abstentions(rewards), expected)
+
+
+def test_an_abstention_does_not_move_the_group_mean():
+    nan = float("nan")
+    rewards = torch.tensor([[[0.0], [1.0], [nan], [1.0]]])
+    filled = fill_abstentions(rewards)
+    assert filled[0, 2, 0] == pytest.approx(2 / 3)
+    assert filled.mean() == pytest.approx(2 / 3)

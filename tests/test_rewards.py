@@ -158,17 +158,17 @@ def agent_specs(**extra) -> list[ChannelSpec]:
 
 def test_score_shape_and_channel_order():
     eps = [episode("7"), episode("w5 7"), episode("hack")]
-    rewards = RewardSet(agent_specs()).score(eps)
+    rewards = RewardSet(agent_specs()).score(eps)[0]
     assert rewards.shape == (3, 3)
     assert_close(rewards, torch.tensor([[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [1.0, -2.0, -1.0]]))
     # reversed channel order -> reversed columns
-    rev = RewardSet(list(reversed(agent_specs()))).score(eps)
+    rev = RewardSet(list(reversed(agent_specs()))).score(eps)[0]
     assert_close(rev, rewards.flip(1))
 
 
 def test_score_accepts_int_and_leaves_fn_none_at_zero():
     rs = RewardSet([ChannelSpec("one", lambda e: 1, 1.0), ChannelSpec("kl_penalty", None, 1.0)])
-    assert_close(rs.score([episode("7"), episode("3")]), torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    assert_close(rs.score([episode("7"), episode("3")])[0], torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
 
 
 def test_score_channel_that_raises_names_channel_and_sample():
@@ -185,7 +185,7 @@ def test_score_channel_that_raises_names_channel_and_sample():
     assert isinstance(info.value.__cause__, KeyError)
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, None, "1.0", True, False, [1.0]])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "1.0", True, False, [1.0]])
 def test_score_non_finite_or_non_number_is_an_error(bad):
     rs = RewardSet([ChannelSpec("ok", lambda e: 0.5, 1.0),
                     ChannelSpec("weird", lambda e: bad if e.completion == "3" else 0.0, 1.0)])
@@ -359,7 +359,7 @@ def test_user_channel_by_target_override():
     rs = build("algo=grpo", "rewards.channels.efficiency.fn._target_=test_rewards.my_channel",
                "+rewards.channels.efficiency.fn._partial_=true")
     assert rs.names == ["correctness", "efficiency", "safety"]
-    assert_close(rs.score([episode("7 w1 w2"), episode("")]), torch.tensor([[1.0, -3.0, 0.0], [0.0, -0.0, 0.0]]))
+    assert_close(rs.score([episode("7 w1 w2"), episode("")])[0], torch.tensor([[1.0, -3.0, 0.0], [0.0, -0.0, 0.0]]))
 
 
 def test_user_channel_new_by_hand_config():
@@ -375,10 +375,40 @@ def test_user_channel_new_by_hand_config():
     rs = build_reward_set(rewards, algo)
     assert rs.names == ["correctness", "short"]
     assert_close(rs.weights, torch.tensor([1.0, 0.5]))
-    assert_close(rs.score([episode("7 w1"), episode("w1 w2 w3")]), torch.tensor([[1.0, -2.0], [0.0, -3.0]]))
+    assert_close(rs.score([episode("7 w1"), episode("w1 w2 w3")])[0], torch.tensor([[1.0, -2.0], [0.0, -3.0]]))
 
 
 def test_no_channels_is_user_error():
     rewards = OmegaConf.merge(OmegaConf.structured(RewardsConfig), {"name": "empty", "task": {}})
     with pytest.raises(UserError, match=re.escape("rewards=empty defines no channels")):
         build_reward_set(rewards, compose_config("algo=grpo").algo)
+
+
+def test_score_none_abstains_as_nan():
+    rs = RewardSet([ChannelSpec("ok", lambda e: 0.5, 1.0),
+                    ChannelSpec("picky", lambda e: None if e.completion == "3" else 1.0, 1.0)])
+    rewards, failed = rs.score([episode("7"), episode("3")])
+    assert rewards[0].tolist() == [0.5, 1.0] and rewards[1, 0] == 0.5 and math.isnan(rewards[1, 1])
+    assert not failed.any()
+
+
+def test_score_on_error_drop_marks_the_sample_and_keeps_going():
+    rs = RewardSet([ChannelSpec("ok", lambda e: 0.5, 1.0),
+                    ChannelSpec("boom", lambda e: 1 / 0 if e.completion == "3" else 1.0, 1.0)])
+    rewards, failed = rs.score([episode("7"), episode("3")], on_error="drop")
+    assert failed.tolist() == [False, True]
+    assert rewards[0].tolist() == [0.5, 1.0] and torch.isnan(rewards[1]).all()
+
+
+def test_batched_channel_is_called_once_per_batch():
+    calls = []
+
+    class Lengths:
+        batched = True
+
+        def __call__(self, episodes):
+            calls.append(len(episodes))
+            return [float(len(e.words)) for e in episodes]
+
+    rewards, _ = RewardSet([ChannelSpec("len", Lengths(), 1.0)]).score([episode("7 w1"), episode("3")])
+    assert calls == [2] and rewards[:, 0].tolist() == [2.0, 1.0]

@@ -125,3 +125,43 @@ def test_dynamic_sampling_skips_the_update_when_no_group_is_live(make_cfg, tmp_p
         assert record["loss/policy"] is None and record["entropy"] is None
     after = load_causal_lm(str(latest_checkpoint(tmp_path) / "policy"), cfg.model, torch.device("cpu")).state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "weights moved without a live group"
+
+
+class FailsLater:
+    """Scores 0 for the first 3 * 2 * 4 rollouts (three steps), then raises."""
+
+    calls = 0
+
+    def __call__(self, episode) -> float:
+        FailsLater.calls += 1
+        if FailsLater.calls > 24:
+            raise RuntimeError("grader crashed")
+        return 0.0
+
+
+def test_a_failing_channel_stops_the_run_after_a_checkpoint(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    from mrl.rewards.channels import RewardError
+
+    FailsLater.calls = 0
+    cfg = make_cfg("trainer.max_steps=6", "trainer.save_every=100")
+    OmegaConf.update(cfg, "rewards.channels.correctness.fn", {"_target_": "test_train.FailsLater"})
+    with pytest.raises(RewardError, match="'correctness' raised RuntimeError: grader crashed"):
+        train(cfg, tmp_path)
+    assert [r["step"] for r in read_metrics(tmp_path / METRICS_FILE)] == [1, 2, 3]
+    checkpoint = latest_checkpoint(tmp_path)
+    assert checkpoint.name == "step_000003"
+    assert json.loads((checkpoint / "state.json").read_text()) == {"step": 3, "prompt_position": 6}
+
+
+def test_on_error_drop_counts_and_goes_on(make_cfg, tmp_path):
+    from omegaconf import OmegaConf
+
+    FailsLater.calls = 0
+    cfg = make_cfg("trainer.max_steps=5", "rewards.on_error=drop")
+    OmegaConf.update(cfg, "rewards.channels.correctness.fn", {"_target_": "test_train.FailsLater"})
+    final = train(cfg, tmp_path)
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["rewards/failed_frac"] for r in records] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert final["step"] == 5

@@ -68,7 +68,8 @@ def main() -> None:
         + "\n\n![dead groups](dead_groups.png)",
         verdict=(f"GRPO: {grpo_dead:.0%} of groups dead on average, peaking at {grpo_peak:.0%} (20-step mean); "
                  f"DAPO's trained batches: {dapo_trained:.1%} dead (when the 4-round cap is hit DAPO trains on what "
-                 f"was live, and skips the update when nothing was); DAPO generated {cost:.2f}x GRPO's rollouts per step."),
+                 f"was live, and skips the update when nothing was); DAPO generated {cost:.2f}x GRPO's rollouts "
+                 "per step."),
         held=overall([dead_is_real, dapo_clean]),
     )
 

@@ -75,34 +75,41 @@ class RewardSet:
         """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
         return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
 
-    def score(self, episodes: list[Episode], on_error: str = "raise") -> Tensor:
-        """[N, K] rewards of N episodes.  A channel that raises or returns a non-finite value is an error naming
-        the channel and the sample."""
+    def score(self, episodes: list[Episode], on_error: str = "raise") -> tuple[Tensor, Tensor]:
+        """Score N episodes on every channel: (rewards [N, K], failed [N] bool).
+
+        A channel returning None abstains: NaN there, left out of that channel's statistics.  A channel with
+        `batched = True` is called once with the list of episodes and returns one value per episode.  A channel that
+        raises, or returns NaN/inf or a non-number, is an error naming the channel and the sample: raised
+        (`on_error="raise"`), or with `on_error="drop"` the sample gets NaN everywhere and `failed[n] = True`.
+        """
         rewards = torch.zeros(len(episodes), len(self.specs))
+        failed = torch.zeros(len(episodes), dtype=torch.bool)
         for k, spec in enumerate(self.specs):
             if spec.fn is None:
                 continue
-            for n, episode in enumerate(episodes):
-                try:
-                    value = spec.fn(episode)
-                except Exception as err:  # a user's channel: report which one, on which sample
-                    raise RewardError(_describe(spec.name, n, episode, f"raised {type(err).__name__}: {err}")) from err
-                if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                    raise RewardError(_describe(spec.name, n, episode, f"returned {value!r}, not a finite number"))
-                rewards[n, k] = float(value)
-        return rewards
+            for n, value, problem in _evaluate(spec, episodes):
+                if problem is not None:
+                    if on_error != "drop":
+                        raise RewardError(_describe(spec.name, n, episodes[n], problem.message)) from problem.error
+                    failed[n] = True
+                rewards[n, k] = float("nan") if value is None or problem is not None else value
+        rewards[failed] = float("nan")
+        return rewards, failed
 
     def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
         """Apply conditions (GDPO Eq. 8) and enforced constraints.
 
         rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats).
         A gated channel pays the worst value it takes in the batch; a veto gives a violator the worst value of every
-        channel; a drop removes the violator from the update.
+        channel; a drop removes the violator from the update.  An abstention (NaN) on the conditioning channel
+        gates; on a constraint it is no violation.
         """
         shaped = rewards.clone()
         keep = torch.ones(rewards.shape[:2], dtype=torch.bool)
         stats: dict[str, float] = {}
-        worst = rewards.amin(dim=(0, 1))  # [K]
+        worst = torch.where(torch.isnan(rewards), torch.inf, rewards).amin(dim=(0, 1))  # [K], abstentions skipped
+        worst = torch.where(torch.isinf(worst), torch.zeros_like(worst), worst)
         for k, spec in enumerate(self.specs):
             if spec.condition_on is not None:
                 passed = rewards[..., self.names.index(spec.condition_on)] >= spec.threshold  # [B, G]
@@ -118,6 +125,41 @@ class RewardSet:
                 keep &= ~violated
             stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated.float().mean().item()
         return shaped, keep, stats
+
+
+def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
+    """Yield (index, value or None to abstain, problem or None) for each episode."""
+    if getattr(spec.fn, "batched", False):
+        try:
+            values = list(spec.fn(episodes))
+        except Exception as err:  # a user's channel: the whole batch failed
+            values = [_Raised(f"raised {type(err).__name__}: {err}", err)] * len(episodes)
+        if len(values) != len(episodes):
+            values = [_Raised(f"returned {len(values)} values for {len(episodes)} episodes")] * len(episodes)
+    else:
+        values = []
+        for n, episode in enumerate(episodes):
+            try:
+                values.append(spec.fn(episode))
+            except Exception as err:  # a user's channel: report which one, on which sample
+                values.append(_Raised(f"raised {type(err).__name__}: {err}", err))
+    for n, value in enumerate(values):
+        if isinstance(value, _Raised):
+            yield n, None, value
+        elif value is None:
+            yield n, None, None
+        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            yield n, None, _Raised(f"returned {value!r}, not a finite number (None abstains)")
+        else:
+            yield n, float(value), None
+
+
+@dataclass
+class _Raised:
+    """What went wrong with one channel on one sample."""
+
+    message: str
+    error: Exception | None = None
 
 
 def _describe(channel: str, index: int, episode: Episode, what: str) -> str:

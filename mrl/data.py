@@ -1,0 +1,217 @@
+"""Prompts from a local dataset: JSONL, Parquet, or a directory saved with HF `datasets` `save_to_disk`.
+
+Record schema: each record (a JSONL line, a Parquet row, a dataset row) is one prompt.
+- `prompt` (or whatever `Schema.text_field` / `text_field` names) holds the text shown to the policy; it must be a
+  string.
+- every other field goes, unchanged, to `Prompt.meta` for the reward channels to read, e.g. `answer` for math,
+  `tests` for code, `call` for tool calling.  `Schema.rename` maps a record key to a different meta key.
+- `Schema.required` lists fields each record must have (a missing field, or a null one, is an error naming the record).
+
+Example JSONL line: `{"prompt": "What is 2 + 3?", "answer": "5"}` -> `Prompt(text="What is 2 + 3?",
+meta={"answer": "5"})`.
+
+Nothing here touches the network: only local files and directories are read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from mrl.config import UserError
+from mrl.episode import Prompt
+
+FORMATS = ("a .jsonl file", "a .parquet file", "a directory saved with HF datasets save_to_disk")
+SPLIT_SEP = "::"
+
+
+def _parse_path(path: str | Path) -> tuple[Path, str | None]:
+    """`data/my_ds::test` -> (Path("data/my_ds"), "test"); a path without `::` has no split."""
+    text = str(path)
+    split = None
+    if SPLIT_SEP in text:
+        text, split = text.rsplit(SPLIT_SEP, 1)
+        if not split:
+            raise UserError(f"dataset path {str(path)!r} ends in {SPLIT_SEP!r} with no split name; "
+                            f"write PATH{SPLIT_SEP}SPLIT (e.g. data/my_ds{SPLIT_SEP}train) or drop the {SPLIT_SEP!r}")
+    return Path(text).expanduser(), split
+
+
+def _load_jsonl(path: Path) -> list[dict]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
+                                "each non-blank line must be one JSON object") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{path}: line {lineno} is a JSON {type(record).__name__}, not an object; "
+                                "each non-blank line must be one JSON object such as {\"prompt\": \"...\"}")
+            records.append(record)
+    return records
+
+
+def _load_parquet(path: Path) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def _load_hf_dir(path: Path, split: str | None, shown: str) -> list[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise UserError(f"dataset directory {shown!r} is not one saved with HF datasets save_to_disk "
+                        "(no dataset_info.json / dataset_dict.json in it); supported formats: "
+                        f"{', '.join(FORMATS)}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        splits = sorted(ds)
+        name = split if split is not None else "train"
+        if name not in ds:
+            if split is None:
+                raise UserError(f"dataset {shown!r} has no 'train' split; pick one of {splits} with "
+                                f"{path}{SPLIT_SEP}SPLIT")
+            raise UserError(f"dataset {shown!r} has no split {split!r}; choose from {splits}")
+        ds = ds[name]
+    elif split is not None:
+        raise UserError(f"dataset {shown!r} is a single Dataset with no splits, so {SPLIT_SEP}{split} does not apply; "
+                        f"drop the {SPLIT_SEP}{split}")
+    return ds.to_list()
+
+
+def load_records(path: str | Path) -> list[dict]:
+    """The records of a local JSONL file, Parquet file, or HF `save_to_disk` directory (`DIR::SPLIT` picks a split)."""
+    shown = str(path)
+    file, split = _parse_path(path)
+    if not file.exists():
+        raise UserError(f"dataset path {shown!r} does not exist (looked for {file.resolve()})")
+    if file.is_dir():
+        return _load_hf_dir(file, split, shown)
+    if split is not None:
+        raise UserError(f"dataset {shown!r}: {SPLIT_SEP}{split} only applies to HF dataset directories, not to a file; "
+                        f"drop the {SPLIT_SEP}{split}")
+    suffix = file.suffix.lower()
+    if suffix == ".jsonl":
+        return _load_jsonl(file)
+    if suffix == ".parquet":
+        return _load_parquet(file)
+    raise UserError(f"dataset file {shown!r} has unsupported extension {suffix or '(none)'!r}; "
+                    f"supported formats: {', '.join(FORMATS)}")
+
+
+@dataclass(frozen=True)
+class Schema:
+    """How a record becomes a Prompt: which field is the text, which fields must exist, meta keys to rename."""
+
+    text_field: str = "prompt"
+    required: tuple[str, ...] = ()
+    rename: dict[str, str] = field(default_factory=dict)
+
+
+def _present(record: dict, key: str) -> bool:
+    return key in record and record[key] is not None
+
+
+def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) -> list[Prompt]:
+    """One Prompt per record: text from `schema.text_field`, every other field (renamed per `schema.rename`) to meta."""
+    schema = schema or Schema()
+    prompts = []
+    for i, record in enumerate(records):
+        has = sorted(k for k in record if record[k] is not None)
+        for name in (schema.text_field, *schema.required):
+            if not _present(record, name):
+                role = "text field" if name == schema.text_field else "required field"
+                raise UserError(f"record {i} is missing the {role} {name!r}; it has fields {has}. Set the text field "
+                                "(text_field) and required fields to ones the data has, or fix the record")
+        text = record[schema.text_field]
+        if not isinstance(text, str):
+            raise UserError(f"record {i}: text field {schema.text_field!r} must be a string, got "
+                            f"{type(text).__name__} {text!r:.80}")
+        meta: dict[str, Any] = {}
+        for key, value in record.items():
+            if key == schema.text_field:
+                continue
+            new = schema.rename.get(key, key)
+            if new in meta:
+                raise UserError(f"record {i}: renaming {key!r} to {new!r} collides with another field named {new!r}; "
+                                "choose a different name in rename")
+            meta[new] = value
+        prompts.append(Prompt(text=text, meta=meta))
+    return prompts
+
+
+def split_train_eval(items: list, eval_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, eval): a `random.Random(seed)` shuffle; the first round(len * eval_fraction) items go to eval.
+
+    Eval gets at least 1 item when eval_fraction > 0 and there are 2+ items, and at most len - 1, so train is never
+    emptied by the split.  Same items and seed -> same split.
+    """
+    if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) or math.isnan(eval_fraction) \
+            or not 0 <= eval_fraction < 1:
+        raise UserError(f"eval_fraction must be a number in [0, 1), got {eval_fraction!r}; "
+                        "use 0 for no eval set, e.g. 0.1 to hold out 10%")
+    n = len(items)
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_eval = round(n * eval_fraction)
+    if eval_fraction > 0 and n >= 2:
+        n_eval = max(1, n_eval)
+    n_eval = min(n_eval, max(n - 1, 0))
+    eval_items = [items[i] for i in order[:n_eval]]
+    train_items = [items[i] for i in order[n_eval:]]
+    return train_items, eval_items
+
+
+class DatasetTask:
+    """A task over a local dataset's prompts: `prompt(index)` walks the train split, reshuffled each epoch.
+
+    Index i is prompt i % len(self) of epoch i // len(self), whose order is a `random.Random(f"{seed}/{epoch}")`
+    shuffle: the same index always gives the same prompt and every train prompt appears once per epoch.
+    """
+
+    def __init__(self, path: str, seed: int = 0, eval_fraction: float = 0.1, schema: Schema | None = None,
+                 text_field: str = "prompt", required: tuple[str, ...] | list[str] = ()):
+        self.path, self.seed = str(path), seed
+        self.schema = schema if schema is not None else Schema(text_field=text_field, required=tuple(required))
+        prompts = records_to_prompts(load_records(path), self.schema)
+        self.train, self.eval = split_train_eval(prompts, eval_fraction, seed)
+        if not self.train:
+            raise UserError(f"dataset {self.path!r} has no train prompts ({len(prompts)} records, "
+                            f"eval_fraction={eval_fraction}); point it at a dataset with at least one record")
+        self._epoch: int | None = None
+        self._order: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            order = list(range(len(self.train)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(order)
+            self._epoch, self._order = epoch, order
+        return self._order
+
+    def prompt(self, index: int) -> Prompt:
+        """Train prompt number `index` of the stream: the same index always gives the same prompt."""
+        if index < 0:
+            raise IndexError(f"prompt index must be >= 0, got {index}")
+        epoch, pos = divmod(index, len(self.train))
+        return self.train[self._epoch_order(epoch)[pos]]
+
+    def eval_prompts(self) -> list[Prompt]:
+        """The held-out prompts, never served by `prompt()`."""
+        return list(self.eval)
