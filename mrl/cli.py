@@ -69,5 +69,24 @@ def report(
     print(f"\nplot: {png}\ntable: {png.with_suffix('.md')}")
 
 
+@app.command("eval")
+def evaluate(
+    run_dir: Path = typer.Argument(..., help="A run dir written by `mrl train`."),
+    prompts: int = typer.Option(64, help="Held-out prompts to score."),
+    samples: int = typer.Option(4, help="Sampled episodes per prompt (plus one greedy)."),
+) -> None:
+    """Per-channel means of the run's latest checkpoint on held-out prompts, greedy and sampled (table + eval.json)."""
+    from mrl.config import UserError
+    from mrl.evaluate import EVAL_FILE, format_table
+    from mrl.evaluate import evaluate as run_eval
+
+    try:
+        report = run_eval(run_dir, prompts, samples)
+    except UserError as err:
+        _fail(str(err))
+    print(format_table(report))
+    print(f"\njson: {run_dir / EVAL_FILE}")
+
+
 if __name__ == "__main__":
     app()

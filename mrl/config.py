@@ -165,7 +165,7 @@ class TrainerConfig:
     seed: int = 0
     prompts_per_step: int = 8
     group_size: int = 8
-    max_new_tokens: int = 8
+    max_new_tokens: int = 10
     temperature: float = 1.0
     lr: float = 1e-3
     weight_decay: float = 0.0
@@ -179,6 +179,15 @@ class TrainerConfig:
 
 
 @dataclass
+class DataConfig:
+    """Prompts from a local dataset instead of the task's built-in generator (see mrl/data.py for the schema)."""
+
+    path: Optional[str] = None  # a .jsonl or .parquet file, or a `datasets` save_to_disk dir (`dir::split`)
+    eval_fraction: float = 0.1  # held out, by trainer.seed, for `mrl eval`
+    text_field: str = "prompt"
+
+
+@dataclass
 class TrainConfig:
     algo: AlgoConfig = MISSING
     rewards: RewardsConfig = MISSING
@@ -186,6 +195,7 @@ class TrainConfig:
     deepspeed: DeepSpeedConfig = MISSING
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
 
 
 def register_configs() -> None:

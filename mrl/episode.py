@@ -18,9 +18,14 @@ class Prompt:
 class Episode:
     """One rollout of a prompt, as the reward channels see it.
 
-    completion: the generated text up to (not including) the end-of-sequence token.
-    num_tokens: generated tokens, the end-of-sequence token included.
-    truncated: True when generation hit max_new_tokens before ending.
+    completion: the whole transcript after the prompt — the policy's text and the tools' observations — without
+      the end-of-sequence token.
+    turns: the policy's own text of each turn (a turn ends at a tool call, which is not included); the last turn
+      holds the final answer.
+    tool_calls: one {"name": ..., "observation": ...} per tool call, in order.
+    num_tokens: tokens the policy generated, the end-of-sequence token included; observation_tokens: tokens the
+      tools appended.
+    truncated: True when the episode ran out of budget (max_new_tokens or turns) before ending.
     """
 
     prompt: Prompt
@@ -30,7 +35,15 @@ class Episode:
     truncated: bool
     max_new_tokens: int
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)
+    observation_tokens: int = 0
 
     @property
     def words(self) -> list[str]:
+        """The transcript's words (observations included)."""
         return self.completion.split()
+
+    @property
+    def answer_words(self) -> list[str]:
+        """The words of the policy's last turn: where a final answer is."""
+        return self.turns[-1].split() if self.turns else self.words

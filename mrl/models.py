@@ -23,7 +23,8 @@ BUILTIN_TINY = "builtin:tiny"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
 # Words the built-in tasks use; the rest of the vocabulary is filler, so that a random policy rarely emits a
 # meaningful word by chance (as a real LM's huge vocabulary makes any one action rare).
-TASK_WORDS = [str(d) for d in range(10)] + ["max", "min", "=", "hack", "ans", "calc", "lookup", "|"]
+TASK_WORDS = [str(d) for d in range(10)] + ["add", "max", "min", "=", "|", "calc", "hack", "lookup", "ans", "x",
+                                           "+", "*"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

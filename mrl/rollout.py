@@ -8,6 +8,7 @@ prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -86,41 +87,109 @@ def end_token_ids(model, tokenizer) -> list[int]:
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
+def single_token_ids(tokenizer, words, what: str) -> dict[int, str]:
+    """{token id: word} for words that must each be one token of the vocabulary (tool names, answer words)."""
+    ids = {}
+    for word in words:
+        pieces = tokenizer(word, add_special_tokens=False).input_ids
+        if len(pieces) != 1:
+            raise ValueError(f"{what} {word!r} is {len(pieces)} tokens in this tokenizer; it must be one token")
+        ids[pieces[0]] = word
+    return ids
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    return ids, mask
+
+
+def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[Prompt], group_size: int, max_new_tokens: int, temperature: float,
-             use_chat_template: bool, device: torch.device) -> Rollouts:
-    """Sample `group_size` completions per prompt with HF `generate` (sampling, KV cache)."""
+             use_chat_template: bool, device: torch.device, tools: dict[str, Callable[[Prompt], str]] | None = None,
+             max_turns: int = 1, answer_words: tuple[str, ...] = (), greedy: bool = False) -> Rollouts:
+    """Sample `group_size` episodes per prompt with HF `generate` (sampling, KV cache), turn by turn.
+
+    A turn ends at an end-of-sequence token, at the policy's budget (`max_new_tokens` generated tokens per
+    episode, all turns together), at an answer word, or at a tool call: the tool's name as a token.  The tool's
+    observation is then appended (mask 0: never trained on) and the episode goes on, up to `max_turns` turns,
+    unless the transcript now holds an answer word.  Without tools every episode is one turn.  `greedy` decodes
+    the most likely token instead of sampling (evaluation).
+    """
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0,
+                                                    "top_p": 1.0}
     texts = [p.text for p in prompts]
     if use_chat_template:
         texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                                add_generation_prompt=True) for t in texts]
-    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not use_chat_template)
-    prompt_ids = encoded.input_ids.repeat_interleave(group_size, dim=0).to(device)  # [N, P]
-    prompt_mask = encoded.attention_mask.repeat_interleave(group_size, dim=0).to(device)  # [N, P]
+    encoded = tokenizer(texts, add_special_tokens=not use_chat_template).input_ids
+    prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
+    tools = tools or {}
+    tool_ids = single_token_ids(tokenizer, tools, "tool name")
+    answer_ids = set(single_token_ids(tokenizer, answer_words, "answer word"))
     end_ids = end_token_ids(model, tokenizer)
-    output = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, do_sample=True, temperature=temperature, top_k=0,
-        top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=end_ids,
-        use_cache=True,
-    )
-    completion_ids = output[:, prompt_ids.shape[1]:]  # [N, T]
-    is_end = torch.isin(completion_ids, torch.tensor(end_ids, device=completion_ids.device))
-    # 1 up to and including the first end token: cumsum of ends *before* each position is 0.
-    ends_before = torch.cumsum(is_end.long(), dim=1) - is_end.long()
-    completion_mask = (ends_before == 0).long()  # [N, T]
-    lengths = completion_mask.sum(1).tolist()
-    ended = is_end.any(1).tolist()
+    stop_ids = set(end_ids) | set(tool_ids) | answer_ids
+    completions: list[list[int]] = [[] for _ in prompt_rows]  # policy and observation tokens
+    masks: list[list[int]] = [[] for _ in prompt_rows]  # 1 where the policy generated the token
+    turns: list[list[str]] = [[] for _ in prompt_rows]
+    calls: list[list[dict]] = [[] for _ in prompt_rows]
+    ended = [False] * len(prompt_rows)
+    active = list(range(len(prompt_rows)))
+    while active:
+        input_ids, attention_mask = _left_pad([prompt_rows[n] + completions[n] for n in active],
+                                              tokenizer.pad_token_id, device)
+        budget = max(max_new_tokens - sum(masks[n]) for n in active)
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, **sampling, max_new_tokens=budget,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop_ids), use_cache=True,
+        )
+        still_active = []
+        for row, n in enumerate(active):
+            new = output[row, input_ids.shape[1]:].tolist()[: max_new_tokens - sum(masks[n])]
+            stop = next((t for t, token in enumerate(new) if token in stop_ids), None)
+            new = new if stop is None else new[: stop + 1]
+            completions[n] += new
+            masks[n] += [1] * len(new)
+            turns[n].append(tokenizer.decode([t for t in new if t not in tool_ids and t not in end_ids],
+                                             skip_special_tokens=True))
+            last = new[-1] if new else None
+            if last in tool_ids:
+                name = tool_ids[last]
+                observation = tools[name](prompts[n // group_size])
+                observed = tokenizer(observation, add_special_tokens=False).input_ids
+                completions[n] += observed
+                masks[n] += [0] * len(observed)
+                calls[n].append({"name": name, "observation": observation})
+                ended[n] = bool(answer_ids.intersection(observed))  # the tool's result answered
+                if not ended[n] and sum(masks[n]) < max_new_tokens and len(turns[n]) < max_turns:
+                    still_active.append(n)
+            else:
+                ended[n] = last in end_ids or last in answer_ids
+        active = still_active
+
+    prompt_ids, prompt_mask = _left_pad(prompt_rows, tokenizer.pad_token_id, device)  # [N, P]
     episodes = []
-    for n in range(completion_ids.shape[0]):
-        body = completion_ids[n, : lengths[n] - int(ended[n])].tolist()
+    for n, completion in enumerate(completions):
+        body = [t for t in completion if t not in end_ids]
         episodes.append(Episode(
             prompt=prompts[n // group_size],
             completion=tokenizer.decode(body, skip_special_tokens=True),
             completion_ids=body,
-            num_tokens=lengths[n],
+            num_tokens=sum(masks[n]),
             truncated=not ended[n],
             max_new_tokens=max_new_tokens,
+            tool_calls=calls[n],
+            turns=turns[n],
+            observation_tokens=len(masks[n]) - sum(masks[n]),
         ))
+    completion_ids = _right_pad(completions, tokenizer.pad_token_id, device)  # [N, T]
+    completion_mask = _right_pad(masks, 0, device)  # [N, T]: observations and padding are 0
     return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, episodes, group_size)
 
 

@@ -47,6 +47,7 @@ class ChannelSpec:
     fn: Channel | None  # None: filled in by the trainer (kl_penalty)
     weight: float
     enforce: str | None = None  # veto | drop, for constraints
+    kind: str = "reward"  # reward | constraint: a constraint's violations are counted, enforced or not
     violation_below: float = 0.0
     condition_on: str | None = None
     threshold: float = 1.0
@@ -116,9 +117,12 @@ class RewardSet:
                 shaped[..., k] = torch.where(passed, rewards[..., k], worst[k])
                 stats[f"condition/{spec.name}/gated_frac"] = (~passed).float().mean().item()
         for k, spec in enumerate(self.specs):
-            if spec.enforce is None:
+            if spec.kind != "constraint" and spec.enforce is None:
                 continue
             violated = rewards[..., k] < spec.violation_below  # [B, G]
+            stats[f"constraint/{spec.name}/violation_frac"] = violated.float().mean().item()
+            if spec.enforce is None:
+                continue
             if spec.enforce == "veto":
                 shaped = torch.where(violated[..., None], worst, shaped)
             else:
@@ -192,6 +196,7 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
                 fn=instantiate(ch.fn),
                 weight=float(overrides[name] if overrides is not None else ch.weight),
                 enforce=ch.enforce.value if ch.enforce is not None else None,
+                kind=ch.kind.value,
                 violation_below=ch.violation_below,
                 condition_on=ch.condition_on,
                 threshold=ch.threshold,

@@ -1,1 +1,48 @@
-"""Built-in tasks: seeded prompt generators.  A task is any object with `prompt(index) -> Prompt`."""
+"""Tasks: where prompts come from, and the environment an episode runs in.
+
+A task is any object with `prompt(index) -> mrl.episode.Prompt` (the same index always gives the same prompt).
+Optional attributes make it an agent environment: `tools` ({name: callable(prompt) -> observation text}),
+`max_turns`, and `answer_words` (words that end the episode once the transcript holds one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hydra.utils import instantiate
+
+from mrl.data import DatasetTask
+from mrl.episode import Prompt
+
+
+class DatasetPrompts:
+    """A task whose prompts come from a dataset, with the tools and rules of a built-in task."""
+
+    def __init__(self, base: Any, dataset: DatasetTask):
+        self.base, self.dataset = base, dataset
+
+    def prompt(self, index: int) -> Prompt:
+        return self.dataset.prompt(index)
+
+    def eval_prompts(self) -> list[Prompt]:
+        return self.dataset.eval_prompts()
+
+    def __getattr__(self, name: str) -> Any:  # tools, max_turns, answer_words: the base task's
+        return getattr(self.base, name)
+
+
+def build_task(cfg: Any) -> Any:
+    """The configured task (`rewards.task`), fed from `data.path` when one is given."""
+    task = instantiate(cfg.rewards.task)
+    if cfg.data.path:
+        dataset = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
+                              text_field=cfg.data.text_field)
+        task = DatasetPrompts(task, dataset)
+    return task
+
+
+def held_out_prompts(task: Any, count: int) -> list[Prompt]:
+    """Prompts never trained on: a dataset's eval split, or a generator's negative indices (training uses 0, 1, ...)."""
+    if hasattr(task, "eval_prompts"):
+        return task.eval_prompts()[:count]
+    return [task.prompt(-1 - i) for i in range(count)]

@@ -1,0 +1,73 @@
+"""`mrl eval RUN_DIR`: per-channel means of a run's latest checkpoint on held-out prompts, greedy and sampled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from mrl.checkpoint import latest_checkpoint
+from mrl.config import CONF_DIR, UserError
+from mrl.loop import pick_device, seed_everything
+from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
+from mrl.rewards.channels import build_reward_set
+from mrl.rollout import generate
+from mrl.tasks import build_task, held_out_prompts
+
+EVAL_FILE = "eval.json"
+
+
+def run_config(run_dir: Path):
+    """The run's config, composed again from its overrides (so it has the schemas' types)."""
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    if not overrides.exists():
+        raise UserError(f"{run_dir}: not a run dir (no .hydra/overrides.yaml); give the dir `mrl train` wrote")
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(OmegaConf.load(overrides)))
+
+
+def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0) -> dict[str, Any]:
+    """Score the latest checkpoint on `num_prompts` held-out prompts: one greedy episode and `samples` sampled
+    episodes each.  Writes RUN_DIR/eval.json and returns its content."""
+    cfg = run_config(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise UserError(f"{run_dir}: no checkpoint to evaluate (checkpoints/latest is missing)")
+    quiet_transformers()
+    seed_everything(seed)
+    device = pick_device(cfg.trainer.device)
+    tokenizer = load_tokenizer(str(checkpoint / "policy"))
+    policy = load_causal_lm(str(checkpoint / "policy"), cfg.model, device).eval()
+    task = build_task(cfg)
+    prompts = held_out_prompts(task, num_prompts)
+    reward_set = build_reward_set(cfg.rewards, cfg.algo)
+    report: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": checkpoint.name, "prompts": len(prompts)}
+    for mode, group_size, greedy in (("greedy", 1, True), ("sampled", samples, False)):
+        rollouts = generate(policy, tokenizer, prompts, group_size, cfg.trainer.max_new_tokens,
+                            cfg.trainer.temperature, cfg.model.use_chat_template, device,
+                            tools=getattr(task, "tools", None), max_turns=getattr(task, "max_turns", 1),
+                            answer_words=getattr(task, "answer_words", ()), greedy=greedy)
+        rewards, _ = reward_set.score(rollouts.episodes, "drop")
+        report[mode] = {name: _nanmean(rewards[:, k]) for k, name in enumerate(reward_set.names)
+                        if reward_set.specs[k].fn is not None}
+    (run_dir / EVAL_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _nanmean(values: torch.Tensor) -> float | None:
+    present = values[~torch.isnan(values)]
+    return present.mean().item() if len(present) else None
+
+
+def format_table(report: dict[str, Any]) -> str:
+    channels = list(report["greedy"])
+    rows = [f"Held-out prompts: {report['prompts']} ({report['checkpoint']})", "",
+            "| decoding | " + " | ".join(channels) + " |", "|---|" + "---|" * len(channels)]
+    for mode in ("greedy", "sampled"):
+        cells = ["-" if report[mode][c] is None else f"{report[mode][c]:.3f}" for c in channels]
+        rows.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -1,0 +1,69 @@
+"""Channels of code: pass rate, bug ratio and length.  Tests run in mrl.sandbox, never in the trainer.
+
+The two sandbox channels are batched (one call per generation round) and share one cache of results, so a program
+is run once per round even though two channels read it, and duplicate completions are run once.
+"""
+
+from __future__ import annotations
+
+from mrl.episode import Episode
+from mrl.sandbox import SandboxLimits, SandboxResult, run_tests_many
+from mrl.tasks.code import program
+
+
+class _SandboxRuns:
+    """Results of (program, tests) pairs, run in parallel sandboxes; the cache is cleared when it grows large."""
+
+    def __init__(self, limits: SandboxLimits, workers: int, max_entries: int = 4096):
+        self.limits, self.workers, self.max_entries = limits, workers, max_entries
+        self.cache: dict[tuple[str, tuple[str, ...]], SandboxResult] = {}
+
+    def results(self, episodes: list[Episode]) -> list[SandboxResult]:
+        keys = [(program(e), tuple(e.prompt.meta["tests"])) for e in episodes]
+        missing = list(dict.fromkeys(k for k in keys if k not in self.cache))
+        if len(self.cache) + len(missing) > self.max_entries:
+            self.cache.clear()
+        for key, result in zip(missing, run_tests_many([(c, list(t)) for c, t in missing], self.limits,
+                                                       max_workers=self.workers)):
+            self.cache[key] = result
+        return [self.cache[k] for k in keys]
+
+
+_RUNS: dict[tuple, _SandboxRuns] = {}
+
+
+def _runs(cpu_seconds: float, wall_seconds: float, memory_mb: int, workers: int) -> _SandboxRuns:
+    key = (cpu_seconds, wall_seconds, memory_mb, workers)
+    if key not in _RUNS:
+        _RUNS[key] = _SandboxRuns(SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds,
+                                                memory_mb=memory_mb), workers)
+    return _RUNS[key]
+
+
+class _SandboxChannel:
+    batched = True
+
+    def __init__(self, cpu_seconds: float = 1.0, wall_seconds: float = 3.0, memory_mb: int = 256, workers: int = 2):
+        self.runs = _runs(cpu_seconds, wall_seconds, memory_mb, workers)
+
+
+class PassRate(_SandboxChannel):
+    """Share of the record's tests the program passes: `x + 3` on f(4) == 7, f(0) == 3 -> 1.0; `x` -> 0.0."""
+
+    def __call__(self, episodes: list[Episode]) -> list[float]:
+        return [r.pass_rate for r in self.runs.results(episodes)]
+
+
+class BugRatio(_SandboxChannel):
+    """Minus the share of tests on which the program raised (a syntax error fails them all): `x + 3` -> 0.0,
+    `x +` -> -1.0, `x` (wrong but runs) -> 0.0."""
+
+    def __call__(self, episodes: list[Episode]) -> list[float]:
+        return [-r.error_rate for r in self.runs.results(episodes)]
+
+
+class Length:
+    """Minus the generated tokens, end-of-sequence included: `x + 3 <eos>` -> -4.0."""
+
+    def __call__(self, episode: Episode) -> float:
+        return -float(episode.num_tokens)

@@ -1,0 +1,35 @@
+"""math_length (GDPO paper, math with a length constraint): answer correctly within a token limit.
+
+Built-in generator, sized for the tiny model: `max 3 7 =` or `min 3 7 =`, answer one digit.  Real data
+(`data.path=...`): each record has `prompt` and `answer` (the final number as a string); the answer read from a
+completion is its last number (`\\boxed{12}` or `... so 12.` both give 12).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from mrl.episode import Prompt
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class MathLengthTask:
+    OPS = {"max": max, "min": min}
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def prompt(self, index: int) -> Prompt:
+        rng = random.Random(f"math_length/{self.seed}/{index}")
+        op = rng.choice(sorted(self.OPS))
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return Prompt(text=f"{op} {a} {b} =", meta={"answer": str(self.OPS[op](a, b))})
+
+
+def last_number(text: str) -> str | None:
+    """>>> last_number("so it is 12."), last_number("none")
+    ('12', None)"""
+    found = NUMBER.findall(text)
+    return found[-1] if found else None

@@ -1,0 +1,50 @@
+"""tool_call (GDPO paper, tool calling): emit the right tool call with the right arguments.
+
+Built-in generator, sized for the tiny model: prompt `add 3 7 =` asks for the call `calc 3 7` (add -> calc,
+max -> lookup).  Real data (`data.path=...`): each record has `prompt` and `call` = {"name": ..., "arguments":
+{...} or [...]}, and optionally `tools` = {tool name: [parameter names]} (default: the called tool alone).
+A completion is either JSON (`{"name": "calc", "arguments": {"a": 3, "b": 7}}`) or words (`calc 3 7`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from mrl.episode import Prompt
+
+OP_TO_TOOL = {"add": "calc", "max": "lookup"}
+TOOL_PARAMS = {"calc": ["a", "b"], "lookup": ["a", "b"]}
+
+
+class ToolCallTask:
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def prompt(self, index: int) -> Prompt:
+        rng = random.Random(f"tool_call/{self.seed}/{index}")
+        op = rng.choice(sorted(OP_TO_TOOL))
+        args = [str(rng.randint(0, 9)) for _ in range(2)]
+        return Prompt(text=f"{op} {' '.join(args)} =",
+                      meta={"call": {"name": OP_TO_TOOL[op], "arguments": args}, "tools": TOOL_PARAMS})
+
+
+def parse_call(text: str) -> tuple[str, Any] | None:
+    """(name, arguments) from a JSON object or from words, or None when it is not a call at all.
+
+    >>> parse_call('{"name": "calc", "arguments": {"a": 3}}'), parse_call("calc 3 7"), parse_call("")
+    (('calc', {'a': 3}), ('calc', ['3', '7']), None)
+    """
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            call = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return None
+        arguments = call.get("arguments", {})
+        return (call["name"], arguments) if isinstance(arguments, (dict, list)) else None
+    words = text.split()
+    return (words[0], words[1:]) if words else None

@@ -1,0 +1,197 @@
+"""mrl.sandbox: generated code runs in a limited child process; hostile code fails without side effects."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mrl.sandbox import SandboxLimits, SandboxResult, TestOutcome, run_tests, run_tests_many
+
+LIMITS = SandboxLimits(cpu_seconds=1.0, wall_seconds=2.0, memory_mb=200, max_output_bytes=1000)
+ADD3 = "def f(x):\n    return x + 3\n"
+
+
+def _escape_path() -> Path:
+    return Path(tempfile.gettempdir()) / f"mrl_sandbox_escape_{secrets.token_hex(8)}"
+
+
+def _child_pids() -> list[int]:
+    try:
+        import psutil
+    except ImportError:  # Linux fallback: direct children from /proc
+        pids = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == (
+                        os.getpid()):
+                    pids.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+        return pids
+    return [p.pid for p in psutil.Process().children(recursive=True)]
+
+
+def test_correct_code_passes_all_tests():
+    res = run_tests(ADD3, ["f(1) == 4", "f(-3) == 0", "f(10) == 13"], LIMITS)
+    assert res.status == "ok"
+    assert res.outcomes == [TestOutcome(True, None)] * 3
+    assert res.pass_rate == 1.0 and res.error_rate == 0.0
+
+
+def test_wrong_code_partial_pass_rate_and_errors():
+    code = "def f(x):\n    return x * 2\n"  # right for f(2) == 4 only
+    res = run_tests(code, ["f(2) == 4", "f(3) == 7", "f(0) == 1"], LIMITS)
+    assert [o.passed for o in res.outcomes] == [True, False, False]
+    assert res.pass_rate == pytest.approx(1 / 3) and res.error_rate == 0.0
+
+    # 'a' * 2 + 1 raises TypeError; g is undefined -> NameError; a broken test expression -> SyntaxError.
+    res = run_tests(code, ["f(2) == 4", "f('a') + 1", "g(1)", "f(1) ==", "f(1) == 3"], LIMITS)
+    assert res.status == "ok"
+    assert [o.error for o in res.outcomes] == [None, "TypeError", "NameError", "SyntaxError", None]
+    assert res.pass_rate == pytest.approx(1 / 5) and res.error_rate == pytest.approx(3 / 5)
+
+
+def test_syntax_error():
+    res = run_tests("def f(x) return x", ["f(1) == 1", "True"], LIMITS)
+    assert res.status == "syntax_error"
+    assert res.outcomes == [TestOutcome(False, "SyntaxError")] * 2
+    assert res.pass_rate == 0.0 and res.error_rate == 1.0
+
+
+def test_exception_at_load_fails_every_test():
+    res = run_tests("raise ValueError('boom')", ["True", "True"], LIMITS)
+    assert res.status == "ok" and res.outcomes == [TestOutcome(False, "ValueError")] * 2
+    res = run_tests("import sys\nsys.exit(0)", ["True"], LIMITS)
+    assert res.outcomes == [TestOutcome(False, "SystemExit")]
+    res = run_tests("import os\nos._exit(0)", ["True"], LIMITS)  # dies before reporting anything
+    assert res.status == "crashed" and res.outcomes == [TestOutcome(False, "crashed")]
+
+
+@pytest.mark.parametrize("code", ["while True:\n    pass\n", "import time\ntime.sleep(60)\n"], ids=["cpu", "sleep"])
+def test_infinite_loop_is_stopped(code):
+    start = time.monotonic()
+    res = run_tests(code, ["True", "True"], LIMITS)
+    assert time.monotonic() - start < LIMITS.wall_seconds + 2
+    assert res.status == "timeout"
+    assert res.outcomes == [TestOutcome(False, "timeout")] * 2 and res.pass_rate == 0.0
+
+
+def test_partial_results_survive_a_timeout():
+    code = ADD3 + "def spin():\n    while True:\n        pass\n"
+    res = run_tests(code, ["f(1) == 4", "spin()", "f(2) == 5"], LIMITS)
+    assert res.status == "timeout"
+    assert res.outcomes == [TestOutcome(True, None), TestOutcome(False, "timeout"), TestOutcome(False, "timeout")]
+    assert res.pass_rate == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("code", ["x = bytearray(10**10)", "x = [0] * 10**10",
+                                  "x = []\nwhile True:\n    x.append(' ' * 10**6)\n",
+                                  "def f(x):\n    return len(bytearray(10**10)) > 0\n"])
+def test_memory_bomb_fails(code):
+    start = time.monotonic()
+    res = run_tests(code, ["f(1)" if "def f" in code else "True"], LIMITS)
+    assert time.monotonic() - start < LIMITS.wall_seconds + 2
+    assert res.status in ("memory", "crashed")
+    assert not res.outcomes[0].passed and res.outcomes[0].error in ("MemoryError", "memory", "crashed")
+    assert res.pass_rate == 0.0
+
+
+@pytest.mark.parametrize("code,test", [
+    ("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\n", "True"),
+    ("import socket\ndef f():\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n    return True\n", "f()"),
+    ("import socket\ndef f():\n    s = socket.socket()\n    s.connect(('127.0.0.1', 9))\n    return True\n", "f()"),
+    ("import _socket\ndef f():\n    return _socket.socket() is not None\n", "f()"),
+    ("import urllib.request\ndef f():\n    return urllib.request.urlopen('http://127.0.0.1:9', timeout=1)\n", "f()"),
+], ids=["module_level", "in_function", "socket_connect", "raw_socket", "urllib"])
+def test_network_is_blocked(code, test):
+    res = run_tests(code, [test], LIMITS)
+    assert res.pass_rate == 0.0 and res.outcomes[0].error is not None
+
+
+def test_writing_outside_the_sandbox_fails_and_inside_works():
+    target = _escape_path()
+    attempts = [
+        f"open({str(target)!r}, 'w').write('x')",
+        f"import os\nos.close(os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT))",
+        f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
+        f"import io\nio.FileIO({str(target)!r}, 'w')",
+        f"import os\nos.symlink({tempfile.gettempdir()!r}, 'link')\nopen('link/{target.name}', 'w')",
+        f"import os\nos.chdir('/')\nopen({str(target.relative_to('/'))!r}, 'w')",
+    ]
+    for code in attempts:
+        res = run_tests(code, ["True"], LIMITS)
+        assert res.outcomes == [TestOutcome(False, "PermissionError")], code
+        assert not target.exists()
+
+    victim = _escape_path()
+    victim.write_text("keep me")
+    try:
+        res = run_tests(f"import os\nos.remove({str(victim)!r})", ["True"], LIMITS)
+        assert res.outcomes == [TestOutcome(False, "PermissionError")] and victim.read_text() == "keep me"
+    finally:
+        victim.unlink()
+
+    inside = "import os\nwith open('out.txt', 'w') as fh:\n    fh.write('hello')\nos.makedirs('a/b')\n"
+    res = run_tests(inside, ["open('out.txt').read() == 'hello'", "os.path.isdir('a/b')"], LIMITS)
+    assert res.status == "ok" and res.pass_rate == 1.0
+
+
+def test_no_processes_or_signals():
+    target = _escape_path()
+    attempts = [
+        f"import os\nrc = os.system('touch {target}')\n",
+        f"import subprocess\nsubprocess.run(['touch', {str(target)!r}])\n",
+        f"import os\nos.popen('touch {target}').read()\n",
+        f"import os\nos.execv('/usr/bin/touch', ['touch', {str(target)!r}])\n",
+        "import os\npid = os.fork()\n",
+        "import os\nos.kill(os.getppid(), 0)\n",  # signal 0: harmless even if the guard were missing
+    ]
+    for code in attempts:
+        res = run_tests(code, ["True"], LIMITS)
+        assert res.outcomes == [TestOutcome(False, "PermissionError")], code
+        assert not target.exists()
+
+
+def test_output_is_captured_and_capped():
+    res = run_tests("import sys\nprint('x' * 5000)\nprint('oops', file=sys.stderr)\n", ["True"], LIMITS)
+    assert res.status == "ok" and res.pass_rate == 1.0
+    assert res.stdout == "x" * LIMITS.max_output_bytes and res.stderr == "oops\n"
+
+
+def test_caller_survives_and_no_children_are_left():
+    hostile = ["while True:\n    pass\n", "x = bytearray(10**10)", "import os\nos._exit(1)",
+               "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"]
+    results = run_tests_many([(code, ["True"]) for code in hostile], LIMITS)
+    assert all(r.pass_rate == 0.0 for r in results)
+    assert results[0].status == "timeout"
+    assert run_tests(ADD3, ["f(1) == 4"], LIMITS).pass_rate == 1.0
+    assert _child_pids() == []
+
+
+def test_run_tests_many_keeps_order():
+    items = [(ADD3, ["f(1) == 4", "f(1) == 5"]), ("def f(x):\n    return x + 4\n", ["f(1) == 4", "f(1) == 5"]),
+             ("def f(x) return", ["f(1) == 4"]), (ADD3, ["f(0) == 3"])]
+    results = run_tests_many(items, LIMITS, max_workers=2)
+    assert all(isinstance(r, SandboxResult) for r in results)
+    assert [[o.passed for o in r.outcomes] for r in results] == [[True, False], [False, True], [False], [True]]
+    assert [r.status for r in results] == ["ok", "ok", "syntax_error", "ok"]
+    assert run_tests_many([], LIMITS) == []
+
+
+def test_bad_arguments_raise_value_error():
+    with pytest.raises(ValueError):
+        run_tests(ADD3, "f(1) == 4", LIMITS)
+    with pytest.raises(ValueError):
+        run_tests(ADD3, ["f(1) == 4", 3], LIMITS)
+    with pytest.raises(ValueError):
+        run_tests(b"def f(): pass", ["True"], LIMITS)
+    with pytest.raises(ValueError):
+        run_tests(ADD3, ["True"], SandboxLimits(wall_seconds=0))
+    with pytest.raises(ValueError):
+        run_tests_many([(ADD3, "True")], LIMITS)
+    assert run_tests(ADD3, [], LIMITS).pass_rate == 0.0
