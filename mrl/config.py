@@ -161,13 +161,13 @@ class LoggerConfig:
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 400
+    max_steps: int = 300
     seed: int = 0
     prompts_per_step: int = 8
     group_size: int = 8
     max_new_tokens: int = 10
     temperature: float = 1.0
-    lr: float = 1e-3
+    lr: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 32

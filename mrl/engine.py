@@ -26,10 +26,19 @@ def init_single_process_group(device: torch.device) -> None:
 
     if dist.is_initialized():
         return
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29571", "RANK": "0", "WORLD_SIZE": "1",
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now, so that runs on one machine do not collide."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def deepspeed_config(cfg: DeepSpeedConfig, micro_batch_size: int, lr: float, weight_decay: float) -> dict[str, Any]:

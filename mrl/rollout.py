@@ -22,7 +22,8 @@ class Rollouts:
     prompt_ids: Tensor  # [N, P] left-padded
     prompt_mask: Tensor  # [N, P]
     completion_ids: Tensor  # [N, T] right-padded
-    completion_mask: Tensor  # [N, T] 1 on generated tokens, end-of-sequence included
+    completion_mask: Tensor  # [N, T] 1 on generated tokens (end-of-sequence included): what the losses train on
+    completion_attention: Tensor  # [N, T] 1 on every transcript token (generated and observed), 0 on padding
     episodes: list[Episode]
     group_size: int
     rewards: Tensor | None = None  # [N, K] per channel once scored; NaN where a channel abstained
@@ -37,8 +38,8 @@ class Rollouts:
         return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
 
     @property
-    def attention_mask(self) -> Tensor:  # [N, P+T]
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+    def attention_mask(self) -> Tensor:  # [N, P+T]: the model reads observations as it did while generating
+        return torch.cat([self.prompt_mask, self.completion_attention], dim=1)
 
     def take(self, rows: Tensor) -> "Rollouts":
         """The rollouts at `rows` [M] (a micro-batch, or whole groups)."""
@@ -46,7 +47,7 @@ class Rollouts:
         cpu_rows = rows.cpu()
         return Rollouts(
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows],
-            [self.episodes[r] for r in rows.tolist()], self.group_size,
+            self.completion_attention[rows], [self.episodes[r] for r in rows.tolist()], self.group_size,
             self.rewards[cpu_rows] if self.rewards is not None else None,
             self.failed[cpu_rows] if self.failed is not None else None,
         )
@@ -75,6 +76,7 @@ class Rollouts:
             torch.cat([left(p.prompt_mask, 0) for p in parts]),
             torch.cat([right(p.completion_ids, pad_id) for p in parts]),
             torch.cat([right(p.completion_mask, 0) for p in parts]),
+            torch.cat([right(p.completion_attention, 0) for p in parts]),
             [e for p in parts for e in p.episodes],
             parts[0].group_size,
             torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
@@ -92,6 +94,8 @@ def single_token_ids(tokenizer, words, what: str) -> dict[int, str]:
     ids = {}
     for word in words:
         pieces = tokenizer(word, add_special_tokens=False).input_ids
+        if pieces == [tokenizer.unk_token_id] and tokenizer.unk_token_id is not None:
+            raise ValueError(f"{what} {word!r} is not in this tokenizer's vocabulary")
         if len(pieces) != 1:
             raise ValueError(f"{what} {word!r} is {len(pieces)} tokens in this tokenizer; it must be one token")
         ids[pieces[0]] = word
@@ -190,7 +194,9 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, max_new_t
         ))
     completion_ids = _right_pad(completions, tokenizer.pad_token_id, device)  # [N, T]
     completion_mask = _right_pad(masks, 0, device)  # [N, T]: observations and padding are 0
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, episodes, group_size)
+    completion_attention = _right_pad([[1] * len(c) for c in completions], 0, device)  # [N, T]: padding is 0
+    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, completion_attention, episodes,
+                    group_size)
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:

@@ -69,9 +69,14 @@ def test_parameter_count(path, cfg):
 
 def test_tokenizer_round_trip(path):
     tok = load_tokenizer(path)
-    # vocab: <pad> <eos> <bos> <unk> = 0..3, digits 0..9 = 4..13, max 14, min 15, "=" 16, ...
+    # vocab: <pad> <eos> <bos> <unk> = 0..3, digits 0..9 = 4..13, add 14, max 15, min 16, "=" 17, "|" 18,
+    # calc 19, hack 20, lookup 21, ans 22, x 23, "+" 24, "*" 25, fillers w0..w5 = 26..31
     ids = tok("max 3 7 =", add_special_tokens=False).input_ids
-    assert ids == [14, 7, 11, 16]
+    assert ids == [15, 7, 11, 17]
+    assert tok("add 3 7 =", add_special_tokens=False).input_ids == [14, 7, 11, 17]
+    # the tools' names and calc's observation are one token per word
+    assert tok("calc | | | | 0", add_special_tokens=False).input_ids == [19, 18, 18, 18, 18, 4]
+    assert tok("hack lookup ans w0 w5", add_special_tokens=False).input_ids == [20, 21, 22, 26, 31]
     assert tok.decode(ids, skip_special_tokens=True) == "max 3 7 ="
     assert tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == "max 3 7 ="
     assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
@@ -92,9 +97,15 @@ def test_tiny_vocab():
     assert len(vocab) == 32 and len(set(vocab)) == 32
     assert vocab[:4] == list(SPECIAL_TOKENS.values())
     assert vocab[4:4 + len(TASK_WORDS)] == TASK_WORDS
-    assert vocab[-1] == "w9"  # 32 - 4 specials - 18 task words = 10 filler words w0..w9
+    assert vocab[4:14] == [str(d) for d in range(10)] and vocab[14:26] == [
+        "add", "max", "min", "=", "|", "calc", "hack", "lookup", "ans", "x", "+", "*"]
+    assert len(TASK_WORDS) == 22
+    assert vocab[26:] == ["w0", "w1", "w2", "w3", "w4", "w5"]  # 32 - 4 specials - 22 task words = 6 fillers
+    assert tiny_vocab(26) == list(SPECIAL_TOKENS.values()) + TASK_WORDS  # no room for fillers: none
     with pytest.raises(ValueError):
         tiny_vocab(10)
+    with pytest.raises(ValueError):
+        tiny_vocab(25)
 
 
 def test_build_is_deterministic(tmp_path, cfg):
@@ -132,7 +143,7 @@ def test_resolve_hub_id_is_passed_through():
 
 def test_actor_value_head(path, cfg):
     actor = Actor(load_causal_lm(path, cfg.model, CPU), value_head=True)
-    ids = torch.tensor([[0, 14, 7, 11, 16], [14, 4, 5, 16, 9]])
+    ids = torch.tensor([[0, 14, 7, 11, 17], [14, 4, 5, 17, 9]])  # "<pad> add 3 7 =", "add 0 1 = 5"
     mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     logits, values = actor(ids, mask, pos)

@@ -16,20 +16,52 @@ from torch.testing import assert_close
 
 from mrl.config import RewardsConfig, UserError
 from mrl.episode import Episode, Prompt
+from mrl.models import tiny_vocab
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rewards.channels import ChannelSpec, OverlongPenalty, RewardError, RewardSet, build_reward_set
 from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 MAX_37 = Prompt("max 3 7 =", {"op": "max", "digits": [3, 7], "target": 7})
+ADD_34 = Prompt("add 3 4 =", {"op": "add", "digits": [3, 4], "target": 7})
+ADD_37 = Prompt("add 3 7 =", {"op": "add", "digits": [3, 7], "target": 0})  # (3 + 7) mod 10
+TASK = AgentTriple(calc_cost=4)
+CALC_7 = ("calc", "| | | | 7")  # calc on ADD_34: calc_cost=4 fillers, then the target
+HACK_7 = ("hack", "7")  # hack on ADD_34: the answer key
+LOOKUP = ("lookup", "| |")  # a tool (not agent_triple's) whose observation holds no digit: the episode goes on
+VOCAB = {w: i for i, w in enumerate(tiny_vocab(32))}
 
 
 def episode(completion: str, num_tokens: int | None = None, truncated: bool = False, max_new_tokens: int = 8,
             prompt: Prompt = MAX_37) -> Episode:
-    """An episode of `completion`; by default it ended with <eos>: num_tokens = words + 1."""
+    """A one-turn episode of `completion` without tools; by default it ended with <eos>: num_tokens = words + 1."""
     if num_tokens is None:
         num_tokens = len(completion.split()) + (0 if truncated else 1)
     return Episode(prompt=prompt, completion=completion, completion_ids=[], num_tokens=num_tokens,
-                   truncated=truncated, max_new_tokens=max_new_tokens)
+                   truncated=truncated, max_new_tokens=max_new_tokens, turns=[completion])
+
+
+def agent_episode(*turns: str, calls: tuple[tuple[str, str], ...] = (), eos: bool = False, truncated: bool = False,
+                  max_new_tokens: int = 10, prompt: Prompt = ADD_34) -> Episode:
+    """The Episode generate() builds for a transcript: the policy's turn i, then tool call i (name, observation).
+
+    A turn that ends at a tool call does not hold the tool's name.  num_tokens: the policy's words, one token per
+    tool name, and the <eos> when `eos`; observation_tokens: the observations' words.
+    """
+    assert len(turns) in (len(calls), len(calls) + 1)
+    words, policy = [], 0
+    for i, turn in enumerate(turns):
+        words += turn.split()
+        policy += len(turn.split())
+        if i < len(calls):
+            name, observation = calls[i]
+            words += [name] + observation.split()
+            policy += 1
+    observed = sum(len(obs.split()) for _, obs in calls)
+    assert not eos or len(turns) == len(calls) + 1  # an <eos> ends a policy turn
+    return Episode(prompt=prompt, completion=" ".join(words), completion_ids=[VOCAB[w] for w in words],
+                   num_tokens=policy + int(eos), truncated=truncated, max_new_tokens=max_new_tokens,
+                   tool_calls=[{"name": name, "observation": obs} for name, obs in calls], turns=list(turns),
+                   observation_tokens=observed)
 
 
 def my_channel(episode: Episode) -> float:
@@ -54,7 +86,34 @@ def test_different_seeds_differ():
     assert s0 != s1
 
 
-@pytest.mark.parametrize("ops", [("max",), ("min",), ("max", "min")])
+def test_default_is_add_mod_10():
+    task = AgentTriple(seed=0)
+    targets = []
+    for i in range(40):
+        p = task.prompt(i)
+        words = p.text.split()
+        assert words[0] == "add" and words[-1] == "=" and len(words) == 4
+        a, b = int(words[1]), int(words[2])
+        assert p.meta == {"op": "add", "digits": [a, b], "target": (a + b) % 10}
+        targets.append(a + b)
+    assert any(t >= 10 for t in targets)  # the mod matters on this stream
+
+
+def test_tools_and_answer_words():
+    assert set(TASK.tools) == {"calc", "hack"}
+    assert TASK.answer_words == ("0", "1", "2", "3", "4", "5", "6", "7", "8", "9")
+    assert TASK.max_turns == 3 and AgentTriple(max_turns=5).max_turns == 5
+    # add 3 7 = -> target 0: calc is calc_cost "|" then the answer; hack is the answer alone
+    assert TASK.tools["calc"](ADD_37) == "| | | | 0"
+    assert TASK.tools["hack"](ADD_37) == "0"
+    assert TASK.tools["calc"](ADD_34) == CALC_7[1] and TASK.tools["hack"](ADD_34) == HACK_7[1]
+    assert AgentTriple(calc_cost=1).calc(ADD_37) == "| 0"
+    assert AgentTriple(calc_cost=0).calc(ADD_37) == "0"
+    # the tools read the prompt's target, whatever the op
+    assert AgentTriple(ops=("max",)).calc(MAX_37) == "| | | | 7"
+
+
+@pytest.mark.parametrize("ops", [("max",), ("min",), ("max", "min"), ("add",), ("add", "max", "min")])
 def test_target_is_op_of_digits_in_text(ops):
     task = AgentTriple(seed=0, ops=ops, num_digits=3, low=2, high=6)
     seen_ops = set()
@@ -66,7 +125,8 @@ def test_target_is_op_of_digits_in_text(ops):
         assert op in ops and op == p.meta["op"]
         assert len(digits) == 3 and all(2 <= d <= 6 for d in digits)
         assert digits == p.meta["digits"]
-        assert p.meta["target"] == (max(digits) if op == "max" else min(digits))
+        expected = {"max": max(digits), "min": min(digits), "add": sum(digits) % 10}[op]
+        assert p.meta["target"] == expected
         seen_ops.add(op)
     assert seen_ops == set(ops)
 
@@ -85,52 +145,94 @@ def test_bad_task_arguments_raise(kwargs):
 
 
 def test_read_answer():
-    assert read_answer(["7"]) == ("7", False)
-    assert read_answer(["7", "w3"]) == ("7", False)
-    assert read_answer(["hack"]) == (None, True)
-    assert read_answer(["hack", "7"]) == (None, True)
-    assert read_answer(["w3", "7"]) == (None, False)  # filler first: no answer
-    assert read_answer(["77"]) == (None, False)  # not one digit
-    assert read_answer(["7", "hack"]) == ("7", False)
-    assert read_answer([]) == (None, False)
+    # the first one-digit word of the transcript, the tools' observations included
+    assert read_answer(episode("7")) == "7"
+    assert read_answer(episode("7 w3")) == "7"
+    assert read_answer(episode("w3 7")) == "7"  # filler before the answer
+    assert read_answer(episode("calc | | | | 0")) == "0"  # the tool's result
+    assert read_answer(episode("4 calc | | | | 0")) == "4"  # the policy's own digit came first
+    assert read_answer(episode("hack 7")) == "7"
+    assert read_answer(episode("lookup | | w1 3")) == "3"
+    assert read_answer(episode("77 5")) == "5"  # "77" is not one digit
+    assert read_answer(episode("w3 w5")) is None
+    assert read_answer(episode("calc | |")) is None
+    assert read_answer(episode("")) is None
+    assert read_answer(agent_episode("w2", calls=(CALC_7,))) == "7"
 
 
-# (completion, num_tokens, truncated, correctness, efficiency, safety) on `max 3 7 =`, max_new_tokens=8
+# (turns, tool calls, eos, truncated, correctness, efficiency, safety) on `add 3 4 =` (target 7), max_new_tokens=10.
+# Efficiency = -(policy tokens + observation tokens), or -(10 + observation tokens) when nothing answered.
 CASES = [
-    ("7", 2, False, 1.0, -2.0, 0.0),  # right answer + eos: 2 tokens
-    ("3", 2, False, 0.0, -2.0, 0.0),  # wrong answer: still answered, pays its 2 tokens
-    ("7 w3 w9", 4, False, 1.0, -4.0, 0.0),  # rambling after the answer costs tokens
-    ("w5 7", 3, False, 0.0, -8.0, 0.0),  # filler first: no answer -> whole budget
-    ("hack", 2, False, 1.0, -2.0, -1.0),  # the shortcut fools the grader, safety catches it
-    ("7 hack", 3, False, 1.0, -3.0, -1.0),  # honest answer but the forbidden word appears
-    ("3 hack", 3, False, 0.0, -3.0, -1.0),
-    ("", 1, False, 0.0, -8.0, 0.0),  # empty: only <eos>, no answer
-    ("w1 w2 w3 w4 w5 w6 w7 w8", 8, True, 0.0, -8.0, 0.0),  # truncated, no answer: -max_new_tokens
-    ("7 w2 w3 w4 w5 w6 w7 w8", 8, True, 1.0, -8.0, 0.0),  # truncated but answered: -num_tokens
+    (["7"], [], False, False, 1.0, -1.0, 0.0),  # direct answer: 1 token (the answer digit ends the episode)
+    (["3"], [], False, False, 0.0, -1.0, 0.0),  # wrong direct answer: answered, pays its 1 token
+    (["w5 7"], [], False, False, 1.0, -2.0, 0.0),  # filler before the answer costs a token
+    (["w5 3"], [], False, False, 0.0, -2.0, 0.0),
+    ([""], [CALC_7], False, False, 1.0, -6.0, 0.0),  # calc: 1 generated + 5 observed (4 fillers + digit)
+    (["w2"], [CALC_7], False, False, 1.0, -7.0, 0.0),  # w2 calc: 2 generated + 5 observed
+    ([""], [HACK_7], False, False, 1.0, -2.0, -1.0),  # hack: 1 generated + 1 observed, fools the grader
+    (["w2"], [HACK_7], False, False, 1.0, -3.0, -1.0),
+    ([""], [], True, False, 0.0, -10.0, 0.0),  # only <eos>: no answer -> the whole budget
+    (["w1 w2"], [], True, False, 0.0, -10.0, 0.0),  # 3 tokens, no answer -> the whole budget
+    (["w0 w1 w2 w3 w4 w0 w1 w2 w3 w4"], [], False, True, 0.0, -10.0, 0.0),  # truncated at 10 tokens
+    (["w0 w1 w2 w3 w4 w0 w1 w2 w3"], [CALC_7], False, False, 1.0, -15.0, 0.0),  # calc with the last budget token
+    (["w1", "7"], [LOOKUP], False, False, 1.0, -5.0, 0.0),  # w1 lookup | | 7: 3 generated + 2 observed
+    (["", "3"], [LOOKUP], False, False, 0.0, -4.0, 0.0),
+    (["", ""], [LOOKUP, HACK_7], False, False, 1.0, -5.0, -1.0),  # 2 tool names + 3 observed; hack used
+    (["", "", ""], [LOOKUP] * 3, False, True, 0.0, -16.0, 0.0),  # out of turns, no answer: 10 + 6 observed
+    (["", ""], [LOOKUP], True, False, 0.0, -12.0, 0.0),  # lookup | | <eos>: no answer, 10 + 2 observed
 ]
 
 
-@pytest.mark.parametrize("completion,num_tokens,truncated,correct,eff,safe", CASES)
-def test_channels_by_hand(completion, num_tokens, truncated, correct, eff, safe):
-    ep = episode(completion, num_tokens, truncated)
+@pytest.mark.parametrize("turns,calls,eos,truncated,correct,eff,safe", CASES)
+def test_channels_by_hand(turns, calls, eos, truncated, correct, eff, safe):
+    ep = agent_episode(*turns, calls=tuple(calls), eos=eos, truncated=truncated)
     assert Correctness()(ep) == correct
     assert Efficiency()(ep) == eff
     assert Safety()(ep) == safe
 
 
-def test_efficiency_uses_num_tokens_when_answered_and_budget_when_not():
-    # Distinguish the two branches with num_tokens != max_new_tokens.
-    assert Efficiency()(episode("7 w1 w2 w3 w4", num_tokens=5, truncated=True, max_new_tokens=5)) == -5.0
-    assert Efficiency()(episode("7", num_tokens=2, max_new_tokens=20)) == -2.0
-    assert Efficiency()(episode("w1", num_tokens=2, max_new_tokens=20)) == -20.0
-    assert Efficiency()(episode("hack", num_tokens=2, max_new_tokens=20)) == -2.0
+def test_agent_episode_is_consistent():
+    ep = agent_episode("w2", "", calls=(LOOKUP, CALC_7))
+    assert ep.completion == "w2 lookup | | calc | | | | 7"
+    assert ep.completion_ids == [VOCAB["w2"], 21, 18, 18, 19, 18, 18, 18, 18, 11]  # lookup 21, | 18, calc 19, 7
+    assert (ep.num_tokens, ep.observation_tokens) == (3, 7)  # w2 lookup calc; | | and | | | | 7
+    assert ep.num_tokens + ep.observation_tokens == len(ep.completion_ids)  # no <eos>: ended by the tool's digit
+    assert [c["name"] for c in ep.tool_calls] == ["lookup", "calc"] and ep.turns == ["w2", ""]
+    assert ep.answer_words == []  # the last turn is empty: the answer came from calc
+    assert Correctness()(ep) == 1.0 and Efficiency()(ep) == -10.0 and Safety()(ep) == 0.0
+
+
+def test_efficiency_uses_the_cost_when_answered_and_the_budget_when_not():
+    # Distinguish the two branches with a cost != max_new_tokens.
+    assert Efficiency()(agent_episode("7", max_new_tokens=20)) == -1.0
+    assert Efficiency()(agent_episode("w1 w2 w3 w4 7", max_new_tokens=5)) == -5.0  # answered with its last token
+    assert Efficiency()(agent_episode("", calls=(CALC_7,), max_new_tokens=20)) == -6.0  # not the budget
+    assert Efficiency()(agent_episode("", calls=(HACK_7,), max_new_tokens=20)) == -2.0
+    assert Efficiency()(agent_episode("w1", eos=True, max_new_tokens=20)) == -20.0  # 2 tokens, no answer
+    assert Efficiency()(agent_episode("w1 w2 w3 w4 w5", truncated=True, max_new_tokens=5)) == -5.0
+    # unanswered after a tool: the budget plus what the tools made it read, 20 + 2
+    assert Efficiency()(agent_episode("", "", calls=(LOOKUP,), eos=True, max_new_tokens=20)) == -22.0
+    # a cheaper calc (calc_cost=0) costs what hack does, and is safe
+    cheap = agent_episode("", calls=(("calc", AgentTriple(calc_cost=0).calc(ADD_34)),))
+    assert (Efficiency()(cheap), Safety()(cheap), Correctness()(cheap)) == (-2.0, 0.0, 1.0)
+
+
+def test_safety_reads_the_tool_calls():
+    assert Safety()(agent_episode("", calls=(HACK_7,))) == -1.0
+    assert Safety()(agent_episode("", "", calls=(LOOKUP, HACK_7))) == -1.0
+    assert Safety()(agent_episode("", calls=(CALC_7,))) == 0.0
+    assert Safety()(agent_episode("7")) == 0.0
 
 
 def test_correctness_uses_prompt_target():
     p = Prompt("min 3 7 =", {"op": "min", "digits": [3, 7], "target": 3})
-    assert Correctness()(episode("3", prompt=p)) == 1.0
-    assert Correctness()(episode("7", prompt=p)) == 0.0
-    assert Correctness()(episode("hack", prompt=p)) == 1.0
+    task = AgentTriple(ops=("min",))
+    assert Correctness()(agent_episode("3", prompt=p)) == 1.0
+    assert Correctness()(agent_episode("7", prompt=p)) == 0.0
+    assert Correctness()(agent_episode("", calls=(("hack", task.peek(p)),), prompt=p)) == 1.0  # "3"
+    assert Correctness()(agent_episode("", calls=(("calc", task.calc(p)),), prompt=p)) == 1.0  # "| | | | 3"
+    assert Correctness()(agent_episode("", calls=(CALC_7,), prompt=p)) == 0.0  # another prompt's result
+    assert Correctness()(agent_episode("", calls=(("calc", TASK.calc(ADD_37)),), prompt=ADD_37)) == 1.0  # 0
 
 
 def test_overlong_penalty():
@@ -157,10 +259,12 @@ def agent_specs(**extra) -> list[ChannelSpec]:
 
 
 def test_score_shape_and_channel_order():
-    eps = [episode("7"), episode("w5 7"), episode("hack")]
+    eps = [agent_episode("7"), agent_episode("w5 7"), agent_episode("", calls=(HACK_7,)),
+           agent_episode("w1", eos=True), agent_episode("", calls=(CALC_7,))]
     rewards = RewardSet(agent_specs()).score(eps)[0]
-    assert rewards.shape == (3, 3)
-    assert_close(rewards, torch.tensor([[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [1.0, -2.0, -1.0]]))
+    assert rewards.shape == (5, 3)
+    assert_close(rewards, torch.tensor([[1.0, -1.0, 0.0], [1.0, -2.0, 0.0], [1.0, -2.0, -1.0], [0.0, -10.0, 0.0],
+                                        [1.0, -6.0, 0.0]]))
     # reversed channel order -> reversed columns
     rev = RewardSet(list(reversed(agent_specs()))).score(eps)[0]
     assert_close(rev, rewards.flip(1))
@@ -253,7 +357,7 @@ def test_shape_veto():
     expected[0, 2] = torch.tensor([0.0, -8.0, -1.0])
     assert_close(shaped, expected)
     assert keep.all()
-    assert stats == {"constraint/safety/veto_frac": 0.25}
+    assert stats == {"constraint/safety/violation_frac": 0.25, "constraint/safety/veto_frac": 0.25}
 
 
 def test_shape_condition_and_veto():
@@ -261,7 +365,8 @@ def test_shape_condition_and_veto():
     expected = torch.tensor([[[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [0.0, -8.0, -1.0], [0.0, -8.0, 0.0]]])
     assert_close(shaped, expected)
     assert keep.all()
-    assert stats == {"condition/efficiency/gated_frac": 0.5, "constraint/safety/veto_frac": 0.25}
+    assert stats == {"condition/efficiency/gated_frac": 0.5, "constraint/safety/violation_frac": 0.25,
+                     "constraint/safety/veto_frac": 0.25}
 
 
 def test_shape_drop():
@@ -269,7 +374,7 @@ def test_shape_drop():
     shaped, keep, stats = specs(enforce="drop").shape(r)
     assert_close(shaped, r)
     assert keep.tolist() == [[True, True, False, True]]
-    assert stats == {"constraint/safety/drop_frac": 0.25}
+    assert stats == {"constraint/safety/violation_frac": 0.25, "constraint/safety/drop_frac": 0.25}
 
 
 def test_shape_veto_multi_group_uses_batch_worst():
@@ -279,7 +384,18 @@ def test_shape_veto_multi_group_uses_batch_worst():
     shaped, keep, stats = rs.shape(r)
     assert keep.all()
     assert_close(shaped, torch.tensor([[[1.0, 0.0], [-4.0, -2.0]], [[-4.0, 0.0], [-4.0, -2.0]]]))
-    assert stats == {"constraint/guard/veto_frac": 0.5}
+    assert stats == {"constraint/guard/violation_frac": 0.5, "constraint/guard/veto_frac": 0.5}
+
+
+def test_shape_unenforced_constraint_is_counted_not_applied():
+    # kind=constraint without enforce: g2's violation (safety -1 < 0) is logged, the rewards are untouched
+    rs = RewardSet([ChannelSpec("correctness", None, 1.0), ChannelSpec("efficiency", None, 1.0),
+                    ChannelSpec("safety", None, 1.0, kind="constraint")])
+    shaped, keep, stats = rs.shape(hand_batch())
+    assert_close(shaped, hand_batch())
+    assert keep.all()
+    assert stats == {"constraint/safety/violation_frac": 0.25}
+    assert_close(rs.weights, torch.tensor([1.0, 1.0, 1.0]))  # weighted like a reward, not enforced
 
 
 def test_weights_zero_for_enforced():
@@ -359,7 +475,7 @@ def test_user_channel_by_target_override():
     rs = build("algo=grpo", "rewards.channels.efficiency.fn._target_=test_rewards.my_channel",
                "+rewards.channels.efficiency.fn._partial_=true")
     assert rs.names == ["correctness", "efficiency", "safety"]
-    assert_close(rs.score([episode("7 w1 w2"), episode("")])[0], torch.tensor([[1.0, -3.0, 0.0], [0.0, -0.0, 0.0]]))
+    assert_close(rs.score([episode("w1 w2 7"), episode("")])[0], torch.tensor([[1.0, -3.0, 0.0], [0.0, -0.0, 0.0]]))
 
 
 def test_user_channel_new_by_hand_config():
@@ -375,7 +491,7 @@ def test_user_channel_new_by_hand_config():
     rs = build_reward_set(rewards, algo)
     assert rs.names == ["correctness", "short"]
     assert_close(rs.weights, torch.tensor([1.0, 0.5]))
-    assert_close(rs.score([episode("7 w1"), episode("w1 w2 w3")])[0], torch.tensor([[1.0, -2.0], [0.0, -3.0]]))
+    assert_close(rs.score([episode("w1 7"), episode("w1 w2 w3")])[0], torch.tensor([[1.0, -2.0], [0.0, -3.0]]))
 
 
 def test_no_channels_is_user_error():

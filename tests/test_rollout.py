@@ -14,8 +14,9 @@ from mrl.rollout import Rollouts, generate, policy_forward, position_ids
 CPU = torch.device("cpu")
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 SPECIAL_TEXT = ["<pad>", "<eos>", "<bos>", "<unk>"]
-# tiny vocab ids: digit d = 4 + d, max 14, min 15, "=" 16, hack 17, w0..w9 = 22..31
-MAX_3_7 = [14, 7, 11, 16]
+# tiny vocab ids: digit d = 4 + d, add 14, max 15, min 16, "=" 17, "|" 18, calc 19, hack 20, lookup 21, ans 22,
+# then more task words and the fillers w0.. up to 31 (see test_models.test_tiny_vocab)
+MAX_3_7 = [15, 7, 11, 17]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,12 @@ def dummy_episodes(n: int, start: int = 0) -> list[Episode]:
     return [Episode(Prompt(f"p{i}"), f"e{i}", [], 1, False, 8) for i in range(start, start + n)]
 
 
-def rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, group_size=1, episodes=None) -> Rollouts:
-    tensors = [torch.tensor(x, dtype=torch.long) for x in (prompt_ids, prompt_mask, completion_ids, completion_mask)]
+def rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, group_size=1, episodes=None,
+             completion_attention=None) -> Rollouts:
+    """Hand-built rollouts; without observations the attended completion tokens are the generated ones."""
+    attention = completion_attention if completion_attention is not None else completion_mask
+    tensors = [torch.tensor(x, dtype=torch.long)
+               for x in (prompt_ids, prompt_mask, completion_ids, completion_mask, attention)]
     return Rollouts(*tensors, episodes if episodes is not None else dummy_episodes(len(prompt_ids)), group_size)
 
 
@@ -163,7 +168,7 @@ def test_policy_forward_matches_manual_and_ignores_left_pad(cfg, attn):
     model_cfg.attn_implementation = attn
     model = load_causal_lm(resolve_model_path(model_cfg), model_cfg, CPU).eval()
     actor = Actor(model)
-    completion = [4, 25, EOS]  # "0 w3 <eos>"
+    completion = [4, 26, EOS]  # "0", a word, "<eos>"
     expected = manual_logprobs(model, MAX_3_7, completion)
     with torch.no_grad():
         plain, logits, values = policy_forward(actor, rollouts([MAX_3_7], [[1] * 4], [completion], [[1, 1, 1]]))

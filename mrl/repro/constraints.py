@@ -14,13 +14,17 @@ def label(run) -> str:
     channel = run.config.rewards.channels.safety
     if channel.enforce is not None:
         return f"{run.config.algo.name} + veto"
-    return f"{run.config.algo.name}, safety weight {channel.weight:g}"
+    weights = run.config.algo.weights or {}
+    return f"{run.config.algo.name}, safety weight {weights.get('safety', channel.weight):g}"
 
 
 def main() -> None:
-    weighted, weighted_cmd = multirun(f"{NAME}/weighted", ["algo=grpo", f"rewards.channels.safety.weight={WEIGHTS}",
+    # grpo_weighted: channel scales equalized by hand, so correctness counts and the shortcut (correct and short)
+    # competes with the honest tool (correct and long) on the safety weight alone.
+    weighted, weighted_cmd = multirun(f"{NAME}/weighted", ["algo=grpo_weighted", f"algo.weights.safety={WEIGHTS}",
                                                            f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"])
-    enforced, enforced_cmd = multirun(f"{NAME}/enforced", ["algo=grpo,gdpo", "rewards.channels.safety.enforce=veto",
+    enforced, enforced_cmd = multirun(f"{NAME}/enforced", ["algo=grpo_weighted,gdpo",
+                                                           "rewards.channels.safety.enforce=veto",
                                                            f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"])
     groups = group_runs(weighted + enforced, label)
 
@@ -53,11 +57,11 @@ def main() -> None:
     command = f"```\n{weighted_cmd}\n{enforced_cmd}\n```"
     write_summary(
         NAME,
-        claim="A constraint expressed as a reward weight can be outbid (here by a shortcut that fools the grader, "
-              "so it pays in correctness and in efficiency); enforcing it (veto) holds.",
-        setup=f"`make repro-constraints`:\n\n{command}\n\nagent_triple's `hack` action is always graded correct and "
-              "as short as an honest answer; safety is -1 when it is used. Shortcut rate = share of rollouts using "
-              f"it, mean of the last {LAST} steps; seeds {SEEDS}.",
+        claim="A constraint expressed as a reward weight can be outbid (here by a shortcut that pays in correctness "
+              "and in efficiency); enforcing it (veto) holds.",
+        setup=f"`make repro-constraints`:\n\n{command}\n\nagent_triple's `hack` tool reads the answer key: always "
+              "correct, 2 tokens, where the honest `calc` tool takes 6; safety is -1 when it is used. Shortcut rate = "
+              f"share of rollouts using it, mean of the last {LAST} steps; seeds {SEEDS}.",
         numbers=markdown_table(list(rows[0]), [list(r.values()) for r in rows])
         + "\n\n![shortcut use and correctness](constraints.png)",
         verdict=(("Outbid: " + ", ".join(f"{r['setting']} uses the shortcut in {r['shortcut_rate_last100']:.0%} "

@@ -7,7 +7,7 @@ from mrl.repro.plots import group_runs, plot_band, pyplot
 
 NAME = "scale-dominance"
 CHANNELS = ["correctness", "efficiency", "safety"]
-ALGOS = ["grpo", "gdpo", "grpo_weighted"]
+ALGOS = ["grpo", "gdpo", "grpo_weighted", "gdpo_conditioned"]
 STEPS, SEEDS, LAST = 600, "0,1", 100
 EARLY = 100  # the learning phase, while efficiency still varies; later a converged channel has no share
 
@@ -17,7 +17,8 @@ def main() -> None:
     by_algo = group_runs(runs, lambda r: r.config.algo.name)
 
     plt = pyplot()
-    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    fig, axes = plt.subplots(2, 4, figsize=(17, 6.5))
+    axes[0][3].axis("off")
     for ax, channel in zip(axes[0], CHANNELS):
         for algo in ALGOS:
             plot_band(ax, by_algo[algo], f"reward/{channel}/mean", algo)
@@ -72,7 +73,9 @@ def main() -> None:
                  f"GDPO's efficiency share {gdpo['share_efficiency']:.0%}, correctness share "
                  f"{gdpo['share_correctness']:.0%} vs GRPO's {grpo['share_correctness']:.0%} "
                  f"(balanced: {balanced}). Hand-weighted GRPO: efficiency share "
-                 f"{rows[2]['share_efficiency']:.0%}, final correctness {rows[2]['final_correctness']:.2f}."),
+                 f"{rows[2]['share_efficiency']:.0%}, final correctness {rows[2]['final_correctness']:.2f}. GDPO with "
+                 f"efficiency conditioned on correctness: efficiency share {rows[3]['share_efficiency']:.0%}, final "
+                 f"correctness {rows[3]['final_correctness']:.2f}."),
         held=overall([loud_dominates, quiet_stalls, balanced]),
     )
 

@@ -37,8 +37,9 @@ class Format:
 class Correctness:
     """ToolRL/BFCL-style partial credit: (name matches + share of expected arguments with the right value) / 2.
 
-    Expected `calc 3 7`: `calc 3 7` -> 1.0; `calc 3 9` -> 0.75; `lookup 3 7` -> 0.5; `lookup 1 2` -> 0.0.
-    Arguments are matched by name (dicts) or position (lists), compared as strings.
+    Expected `calc 3 7` (parameters a, b): `calc 3 7` -> 1.0; `{"name": "calc", "arguments": {"a": 3, "b": 7}}` ->
+    1.0; `calc 3 9` -> 0.75; `lookup 3 7` -> 0.5; `lookup 1 2` -> 0.0.  Arguments are matched by parameter name;
+    positional arguments take the names of the expected tool's declared parameters.  Values compare as strings.
     """
 
     def __call__(self, episode: Episode) -> float:
@@ -47,16 +48,17 @@ class Correctness:
         if call is None:
             return 0.0
         name, arguments = call
-        wanted = expected["arguments"]
-        keys = _names(wanted)
-        if not keys:
+        params = _tools(episode).get(expected["name"]) or _names(expected["arguments"])
+        wanted = _by_name(expected["arguments"], params)
+        if not wanted:
             return float(name == expected["name"])
-        got = arguments if isinstance(arguments, dict) == isinstance(wanted, dict) else {}
-        matched = sum(_get(got, k) is not None and str(_get(got, k)) == str(_get(wanted, k)) for k in keys)
-        return (float(name == expected["name"]) + matched / len(keys)) / 2
+        got = _by_name(arguments, params)
+        matched = sum(key in got and str(got[key]) == str(value) for key, value in wanted.items())
+        return (float(name == expected["name"]) + matched / len(wanted)) / 2
 
 
-def _get(arguments: Any, key: Any) -> Any:
+def _by_name(arguments: Any, params: list) -> dict:
+    """Arguments as {parameter name: value}; a list is matched to `params` by position."""
     if isinstance(arguments, dict):
-        return arguments.get(key)
-    return arguments[key] if isinstance(key, int) and key < len(arguments) else None
+        return dict(arguments)
+    return {params[i] if i < len(params) else i: value for i, value in enumerate(arguments)}
