@@ -40,3 +40,25 @@ def compose_config(*overrides: str, shrink: bool = True):
 @pytest.fixture
 def make_cfg():
     return compose_config
+
+
+# The default config's tiny model and tokenizer, loaded once per test module.
+@pytest.fixture(scope="module")
+def cfg(_isolated_env):
+    return compose_config()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(cfg):
+    from mrl.models import load_tokenizer, resolve_model_path
+
+    return load_tokenizer(resolve_model_path(cfg.model))
+
+
+@pytest.fixture(scope="module")
+def model(cfg):
+    import torch
+
+    from mrl.models import load_causal_lm, resolve_model_path
+
+    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu")).eval()

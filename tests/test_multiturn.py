@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_config
 
 from mrl.episode import Episode, Prompt
 from mrl.losses import aggregate, clipped_surrogate
-from mrl.models import Actor, load_causal_lm, load_tokenizer, resolve_model_path
+from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rollout import Rollouts, end_token_ids, generate, policy_forward
 from mrl.tasks.agent_triple import AgentTriple, read_answer
@@ -21,21 +20,6 @@ CPU = torch.device("cpu")
 PAD, EOS = 0, 1
 DIGIT_IDS = set(range(4, 14))  # tiny vocab: digit d is 4 + d
 ADD_3_4 = [14, 7, 8, 17]  # "add 3 4 =" (add 14, "=" 17)
-
-
-@pytest.fixture(scope="module")
-def cfg(_isolated_env):
-    return compose_config()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(cfg):
-    return load_tokenizer(resolve_model_path(cfg.model))
-
-
-@pytest.fixture(scope="module")
-def model(cfg):
-    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU).eval()
 
 
 def encode(tokenizer, text: str) -> list[int]:

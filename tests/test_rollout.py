@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_config
 from torch.testing import assert_close
 
 from mrl.episode import Episode, Prompt
-from mrl.models import Actor, load_causal_lm, load_tokenizer, resolve_model_path
+from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.rollout import Rollouts, generate, policy_forward, position_ids
 
 CPU = torch.device("cpu")
@@ -17,21 +16,6 @@ SPECIAL_TEXT = ["<pad>", "<eos>", "<bos>", "<unk>"]
 # tiny vocab ids: digit d = 4 + d, add 14, max 15, min 16, "=" 17, "|" 18, calc 19, hack 20, lookup 21, ans 22,
 # then more task words and the fillers w0.. up to 31 (see test_models.test_tiny_vocab)
 MAX_3_7 = [15, 7, 11, 17]
-
-
-@pytest.fixture(scope="module")
-def cfg(_isolated_env):
-    return compose_config()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(cfg):
-    return load_tokenizer(resolve_model_path(cfg.model))
-
-
-@pytest.fixture(scope="module")
-def model(cfg):
-    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU).eval()
 
 
 def dummy_episodes(n: int, start: int = 0) -> list[Episode]:
