@@ -80,6 +80,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             critic.load_optimizer(resume_from / "critic")
         set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
         state = json.loads((resume_from / "state.json").read_text())
+    if resume_from is None and (run_dir / METRICS_FILE).exists():
+        raise UserError(f"{run_dir} already holds a run ({METRICS_FILE}); continue it with trainer.resume=true, "
+                        "or start this one in another hydra.run.dir")
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics)
     wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \

@@ -165,3 +165,13 @@ def test_on_error_drop_counts_and_goes_on(make_cfg, tmp_path):
     records = read_metrics(tmp_path / METRICS_FILE)
     assert [r["rewards/failed_frac"] for r in records] == [0.0, 0.0, 0.0, 1.0, 1.0]
     assert final["step"] == 5
+
+
+def test_a_new_run_never_appends_to_an_existing_run_dir(make_cfg, tmp_path):
+    from mrl.config import UserError
+
+    train(make_cfg(), tmp_path)
+    before = (tmp_path / METRICS_FILE).read_text()
+    with pytest.raises(UserError, match="already holds a run"):
+        train(make_cfg(), tmp_path)
+    assert (tmp_path / METRICS_FILE).read_text() == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ def scale_overrides() -> list[str]:
 def multirun(name: str, sweep: list[str]) -> tuple[list[Run], str]:
     """Run `mrl train -m <sweep>` into reports/<name>/runs; return its runs and the exact command."""
     sweep_dir = REPORTS / name / "runs"
+    shutil.rmtree(sweep_dir, ignore_errors=True)  # this target's own runs from a previous invocation
     args = ["train", "-m", *sweep, *scale_overrides(), "logger=none", "logger.log_every=100",
             "trainer.save_every=100000", f"hydra.sweep.dir={sweep_dir}"]
     command = "mrl " + " ".join(shlex.quote(a) for a in args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -54,6 +55,7 @@ def main() -> None:
     rows, commands = [], []
     for preset in PRESETS:
         run_dir = REPORTS / NAME / "runs" / preset
+        shutil.rmtree(run_dir, ignore_errors=True)
         args = ["train", f"algo={preset}", "trainer.max_steps=1", "logger=none", *overrides,
                 f"hydra.run.dir={run_dir}"]
         commands.append("mrl " + " ".join(args))
