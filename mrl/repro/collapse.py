@@ -38,7 +38,8 @@ def distinct_groups(group_size: int, channels: int) -> dict[str, int]:
 
 
 def main() -> None:
-    settings = [(2, g) for g in range(2, 7)] + [(k, 4) for k in range(1, 5)]
+    # (a) K = 2, G = 2..6 and (b) G = 4, K = 1..4; (K=2, G=4) belongs to both and is computed once.
+    settings = sorted({(2, g) for g in range(2, 7)} | {(k, 4) for k in range(1, 5)})
     rows = [{"K": k, "G": g, **distinct_groups(g, k)} for k, g in settings]
     write_csv(REPORTS / NAME / "collapse.csv", rows)
 
@@ -49,11 +50,12 @@ def main() -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     for ax, (label, key, fixed) in zip(axes, [("(a) K = 2", "G", ("K", 2)), ("(b) G = 4", "K", ("G", 4))]):
-        part = [r for r in rows if r[fixed[0]] == fixed[1]]
+        part = sorted((r for r in rows if r[fixed[0]] == fixed[1]), key=lambda r: r[key])
         for algo in ("grpo", "gdpo"):
             ax.plot([r[key] for r in part], [r[algo] for r in part], marker="o", label=algo.upper())
         ax.set_title(label)
         ax.set_xlabel(key)
+        ax.set_xticks([r[key] for r in part])
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("distinct advantage groups")
