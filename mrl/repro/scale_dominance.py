@@ -40,8 +40,8 @@ def main() -> None:
         values = [r.mean_last(key, last or len(r.records)) for r in by_algo[algo]]
         return sum(values) / len(values)
 
-    def early(algo: str, key: str) -> float:
-        values = [v for r in by_algo[algo] for v in r.series(key)[:EARLY]]
+    def early(algo: str, key: str, steps: int = EARLY) -> float:
+        values = [v for r in by_algo[algo] for v in r.series(key)[:steps]]
         return sum(values) / len(values)
 
     rows = []
@@ -49,6 +49,7 @@ def main() -> None:
         row = {"algo": algo}
         row.update({f"share_{c}": early(algo, f"adv/share/{c}") for c in CHANNELS})
         row.update({f"final_{c}": mean(algo, f"reward/{c}/mean", LAST) for c in CHANNELS})
+        row["start_correctness"] = early(algo, "reward/correctness/mean", 10)
         rows.append(row)
     write_csv(REPORTS / NAME / "scale_dominance.csv", rows)
     table = markdown_table(
@@ -56,7 +57,7 @@ def main() -> None:
         [[r["algo"]] + [r[f"share_{c}"] for c in CHANNELS] + [r[f"final_{c}"] for c in CHANNELS] for r in rows])
     grpo, gdpo = rows[0], rows[1]
     loud_dominates = grpo["share_efficiency"] > 0.5
-    quiet_stalls = grpo["final_correctness"] < gdpo["final_correctness"]
+    quiet_stalls = grpo["final_correctness"] <= grpo["start_correctness"] + 0.05  # no better than where it began
     balanced = gdpo["share_efficiency"] < grpo["share_efficiency"] - 0.15 and \
         gdpo["share_correctness"] > grpo["share_correctness"]
     write_summary(
@@ -68,14 +69,18 @@ def main() -> None:
         numbers=table + "\n\n![curves and advantage shares](scale_dominance.png)",
         verdict=(f"In the first {EARLY} steps, GRPO: efficiency drives {grpo['share_efficiency']:.0%} of the "
                  "advantage variance "
-                 f"(loud channel dominates: {loud_dominates}); final correctness GRPO {grpo['final_correctness']:.2f} "
-                 f"vs GDPO {gdpo['final_correctness']:.2f} (quiet channel stalls under GRPO: {quiet_stalls}); "
+                 f"(loud channel dominates: {loud_dominates}); GRPO's correctness went from "
+                 f"{grpo['start_correctness']:.2f} (first 10 steps) to {grpo['final_correctness']:.2f} (quiet channel "
+                 f"stalls: {quiet_stalls}); "
                  f"GDPO's efficiency share {gdpo['share_efficiency']:.0%}, correctness share "
                  f"{gdpo['share_correctness']:.0%} vs GRPO's {grpo['share_correctness']:.0%} "
                  f"(balanced: {balanced}). Hand-weighted GRPO: efficiency share "
                  f"{rows[2]['share_efficiency']:.0%}, final correctness {rows[2]['final_correctness']:.2f}. GDPO with "
                  f"efficiency conditioned on correctness: efficiency share {rows[3]['share_efficiency']:.0%}, final "
-                 f"correctness {rows[3]['final_correctness']:.2f}."),
+                 f"correctness {rows[3]['final_correctness']:.2f}. Equal-weight GDPO's final correctness: "
+                 f"{gdpo['final_correctness']:.2f} — balanced shares alone "
+                 + ("did" if gdpo["final_correctness"] > grpo["final_correctness"] + 0.05 else "did not")
+                 + " lift correctness above GRPO's on this task."),
         held=overall([loud_dominates, quiet_stalls, balanced]),
     )
 
