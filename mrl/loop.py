@@ -31,7 +31,7 @@ from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3,
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts, generate, policy_forward, value_forward
-from mrl.tasks import build_task
+from mrl.tasks import build_task, episode_rules
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
@@ -108,9 +108,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
                 state["prompt_position"] += B
                 rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
-                                    trainer.temperature, cfg.model.use_chat_template, device,
-                                    tools=getattr(task, "tools", None), max_turns=getattr(task, "max_turns", 1),
-                                    answer_words=getattr(task, "answer_words", ()))
+                                    trainer.temperature, cfg.model.use_chat_template, device, **episode_rules(task))
                 rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
                 generated.append(rollouts)
                 grouped = fill_abstentions(rollouts.rewards.view(B, G, -1))  # [B, G, K]

@@ -103,7 +103,8 @@ class RewardSet:
 
         rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats).
         A gated channel pays the worst value it takes in the batch; a veto gives a violator the worst value of every
-        channel; a drop removes the violator from the update.  An abstention (NaN) on the conditioning channel
+        channel; a drop removes the violator from the losses (it still counts in its group's baseline: it was sampled
+        from the policy like the others).  An abstention (NaN) on the conditioning channel
         gates; on a constraint it is no violation.
         """
         shaped = rewards.clone()

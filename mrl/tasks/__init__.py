@@ -41,6 +41,12 @@ def build_task(cfg: Any) -> Any:
     return task
 
 
+def episode_rules(task: Any) -> dict[str, Any]:
+    """The keyword arguments of mrl.rollout.generate that make episodes follow the task's environment."""
+    return {"tools": getattr(task, "tools", None), "max_turns": getattr(task, "max_turns", 1),
+            "answer_words": getattr(task, "answer_words", ())}
+
+
 def held_out_prompts(task: Any, count: int) -> list[Prompt]:
     """Prompts never trained on: a dataset's eval split, or a generator's negative indices (training uses 0, 1, ...)."""
     if hasattr(task, "eval_prompts"):
