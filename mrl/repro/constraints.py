@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
-from mrl.repro.plots import group_runs, plot_band, pyplot
+from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "constraints"
 STEPS, SEEDS, LAST = 500, "0,1", 100
@@ -35,12 +35,8 @@ def main() -> None:
         plot_band(axes[1], runs, "reward/correctness/mean", name)
     axes[0].set_title("reward/safety (-share of rollouts using the shortcut)")
     axes[1].set_title("reward/correctness")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(REPORTS / NAME / "constraints.png", dpi=110)
+    save_curves(fig, axes, REPORTS / NAME / "constraints.png")
 
     rows = []
     for name, runs in groups.items():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mrl.repro.common import REPORTS, markdown_table, moving_average, multirun, overall, write_csv, write_summary
-from mrl.repro.plots import group_runs, plot_band, pyplot
+from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "dead-groups"
 STEPS, SEEDS = 400, "0,1"
@@ -25,13 +25,9 @@ def main() -> None:
         plot_band(axes[2], by_algo[algo], "reward/correctness/mean", algo)
     axes[1].set_title("rollouts generated per step")
     axes[2].set_title("reward/correctness")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(REPORTS / NAME / "dead_groups.png", dpi=110)
+    save_curves(fig, axes, REPORTS / NAME / "dead_groups.png")
 
     rows = []
     for run in runs:

@@ -17,6 +17,15 @@ def pyplot():
     return plt
 
 
+def save_curves(fig, axes, path) -> None:
+    """Label every panel's x axis as steps, grid it, and write the figure."""
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def group_runs(runs: list[Run], key: Callable[[Run], str]) -> dict[str, list[Run]]:
     groups: dict[str, list[Run]] = defaultdict(list)
     for run in runs:

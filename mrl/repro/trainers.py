@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from mrl.repro.common import REPORTS, markdown_table, moving_average, multirun, overall, write_csv, write_summary
-from mrl.repro.plots import group_runs, plot_band, pyplot
+from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "trainers"
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]
@@ -32,12 +32,9 @@ def main() -> None:
         for preset in PRESETS:
             plot_band(ax, by_preset[preset], f"reward/{channel}/mean", preset)
         ax.set_title(f"reward/{channel} (mean, min-max over seeds)")
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
     axes[0].axhline(TARGET, color="gray", linestyle=":")
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(REPORTS / NAME / "trainers.png", dpi=110)
+    save_curves(fig, axes, REPORTS / NAME / "trainers.png")
 
     rows = []
     for preset in PRESETS:
