@@ -20,8 +20,7 @@ class Episode:
 
     completion: the whole transcript after the prompt — the policy's text and the tools' observations — without
       the end-of-sequence token.
-    turns: the policy's own text of each turn (a turn ends at a tool call, which is not included); the last turn
-      holds the final answer.
+    turns: the policy's own text of each turn (a turn ends at a tool call, whose name is not included).
     tool_calls: one {"name": ..., "observation": ...} per tool call, in order.
     num_tokens: tokens the policy generated, the end-of-sequence token included; observation_tokens: tokens the
       tools appended.
@@ -42,8 +41,3 @@ class Episode:
     def words(self) -> list[str]:
         """The transcript's words (observations included)."""
         return self.completion.split()
-
-    @property
-    def answer_words(self) -> list[str]:
-        """The words of the policy's last turn: where a final answer is."""
-        return self.turns[-1].split() if self.turns else self.words

@@ -198,7 +198,6 @@ def test_agent_episode_is_consistent():
     assert (ep.num_tokens, ep.observation_tokens) == (3, 7)  # w2 lookup calc; | | and | | | | 7
     assert ep.num_tokens + ep.observation_tokens == len(ep.completion_ids)  # no <eos>: ended by the tool's digit
     assert [c["name"] for c in ep.tool_calls] == ["lookup", "calc"] and ep.turns == ["w2", ""]
-    assert ep.answer_words == []  # the last turn is empty: the answer came from calc
     assert Correctness()(ep) == 1.0 and Efficiency()(ep) == -10.0 and Safety()(ep) == 0.0
 
 
