@@ -63,9 +63,8 @@ class RewardSet:
         self.specs = specs
         self.names = [s.name for s in specs]
         self.task_channels = [k for k, s in enumerate(specs) if not s.shaping]  # the channels dead groups are tested on
-        index = {name: k for k, name in enumerate(self.names)}
         for spec in specs:
-            if spec.condition_on is not None and spec.condition_on not in index:
+            if spec.condition_on is not None and spec.condition_on not in self.names:
                 raise UserError(
                     f"rewards.channels.{spec.name}.condition_on={spec.condition_on!r} is not a channel; "
                     f"choose one of {self.names}"
@@ -94,7 +93,7 @@ class RewardSet:
                     if on_error != "drop":
                         raise RewardError(_describe(spec.name, n, episodes[n], problem.message)) from problem.error
                     failed[n] = True
-                rewards[n, k] = float("nan") if value is None or problem is not None else value
+                rewards[n, k] = float("nan") if value is None else value  # None: abstained, or failed
         rewards[failed] = float("nan")
         return rewards, failed
 
@@ -143,7 +142,7 @@ def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
             values = [_Raised(f"returned {len(values)} values for {len(episodes)} episodes")] * len(episodes)
     else:
         values = []
-        for n, episode in enumerate(episodes):
+        for episode in episodes:
             try:
                 values.append(spec.fn(episode))
             except Exception as err:  # a user's channel: report which one, on which sample
