@@ -8,8 +8,12 @@ How each departs from PPO (Schulman et al., 2017, GAE: Schulman et al., 2016):
 - GDPO (Liu et al., 2026, arXiv 2601.05242): normalizes every channel within its group *before* the weighted sum,
   then normalizes the sum over the whole batch, so a loud channel cannot swallow a quiet one and distinct reward
   combinations keep distinct advantages.
+  Eq. 8 conditioned rewards are applied before (mrl/rewards/channels.py: `RewardSet.shape`).
 - DAPO (Yu et al., 2025) keeps GRPO's estimator; its changes (dynamic sampling of live groups, clip-higher,
   token-mean loss, overlong shaping) live in the rollout stage and the loss, not here.
+
+Abstentions: a channel may return None for a rollout (NaN here).  GDPO leaves it out of that channel's group mean
+and std and gives it 0 on that channel; GRPO and PPO count it 0 in the weighted sum (TRL's nansum).
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from torch import Tensor
 
 
 def check_finite(rewards: Tensor, channel_names: list[str] | None = None) -> None:
-    """Raise ValueError naming the first channel that holds NaN or inf.  rewards: [B, G, K]."""
-    bad = ~torch.isfinite(rewards)
+    """Raise ValueError naming the first channel that holds inf.  rewards: [B, G, K]; NaN means abstained."""
+    bad = torch.isinf(rewards)
     if bad.any():
         k = int(bad.reshape(-1, rewards.shape[-1]).any(0).nonzero()[0])
         name = channel_names[k] if channel_names else f"#{k}"
-        raise ValueError(f"reward channel {name!r} holds NaN or inf: advantages need finite rewards")
+        raise ValueError(f"reward channel {name!r} holds inf: advantages need finite rewards (NaN abstains)")
 
 
 def _weights(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
@@ -38,68 +42,71 @@ def _weights(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
     return weights
 
 
-def group_normalize(scores: Tensor, eps: float = 1e-6) -> Tensor:
-    """(s - group mean) / (group std + eps) along dim 1, std unbiased (as torch.std and TRL).
+def varies(scores: Tensor) -> Tensor:
+    """scores: [B, G, ...] -> BoolTensor [B, 1, ...]: True where at least two scored entries of the group differ.
 
-    scores: [B, G, ...] -> same shape.  A group that does not vary gets exactly 0, not 0/eps noise.
+    Decided by exact equality, never by a std threshold: float32 gives a constant group of 0.1 a std of ~1e-8.
+    Abstentions (NaN) are left out; a group with fewer than two scored entries does not vary.
     """
-    mean = scores.mean(dim=1, keepdim=True)
-    std = scores.std(dim=1, keepdim=True)
-    centered = scores - mean
-    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+    present = ~torch.isnan(scores)
+    high = torch.where(present, scores, -torch.inf).amax(dim=1, keepdim=True)
+    low = torch.where(present, scores, torch.inf).amin(dim=1, keepdim=True)
+    return present.any(dim=1, keepdim=True) & (high > low)
+
+
+def group_normalize(scores: Tensor, eps: float = 1e-6) -> Tensor:
+    """(s - group mean) / (group std + eps) along dim 1, std unbiased (as torch.std and TRL), NaN-aware.
+
+    scores: [B, G, ...] -> same shape, never NaN.  Abstentions (NaN) are left out of the group's mean and std and get
+    0.  A group that does not vary (exact equality over its scored entries, see `varies`) gets exactly 0.
+    """
+    present = ~torch.isnan(scores)
+    count = present.sum(dim=1, keepdim=True)  # [B, 1, ...]
+    values = torch.where(present, scores, torch.zeros_like(scores))
+    mean = values.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    centered = torch.where(present, scores - mean, torch.zeros_like(scores))
+    std = ((centered**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    return torch.where(varies(scores), centered / (std + eps), torch.zeros_like(centered))
+
+
+def weighted_sum(rewards: Tensor, weights: Tensor | list[float] | None = None) -> Tensor:
+    """sum_k w_k r_k with an abstention (NaN) counting 0, as TRL's nansum.  rewards: [B, G, K] -> [B, G]."""
+    return torch.nan_to_num(rewards * _weights(rewards, weights), nan=0.0).sum(-1)
 
 
 def grpo_advantages(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
-    """Sum-then-normalize.  rewards: [B, G, K] -> advantages [B, G].
+    """Sum-then-normalize.  rewards: [B, G, K], NaN = abstained (counts 0 in the sum) -> advantages [B, G].
 
     >>> grpo_advantages(torch.tensor([[[0.], [1.]]]))  # doctest: +ELLIPSIS
     tensor([[-0.7071,  0.7071]])
     """
     check_finite(rewards)
-    total = (rewards * _weights(rewards, weights)).sum(-1)  # [B, G]
-    return group_normalize(total, eps)
+    return group_normalize(weighted_sum(rewards, weights), eps)  # [B, G]
 
 
 def gdpo_advantages(
     rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6, batch_norm: bool = True
 ) -> Tensor:
-    """Normalize-then-sum (GDPO).  rewards: [B, G, K] -> advantages [B, G].
+    """Normalize-then-sum (GDPO).  rewards: [B, G, K], NaN = abstained -> advantages [B, G].
 
-    Each channel is normalized within its group (a channel that does not vary there contributes 0), the normalized
-    channels are summed with their weights, and, if batch_norm, the sum is normalized over all B*G entries.
+    Each channel is normalized within its group over the rollouts that scored it (an abstention contributes 0 on
+    that channel; a channel that does not vary there contributes 0), the normalized channels are summed with their
+    weights, and, if batch_norm, the sum is normalized over all B*G entries.
     """
     check_finite(rewards)
-    per_channel = group_normalize(rewards, eps)  # [B, G, K]
-    summed = (per_channel * _weights(rewards, weights)).sum(-1)  # [B, G]
+    summed = (group_normalize(rewards, eps) * _weights(rewards, weights)).sum(-1)  # [B, G]
     if not batch_norm:
         return summed
-    flat = summed.reshape(-1)
-    std = flat.std() if flat.numel() > 1 else flat.new_zeros(())
-    if std <= 0:
-        return torch.zeros_like(summed)
-    return (summed - flat.mean()) / (std + eps)
-
-
-def fill_abstentions(rewards: Tensor) -> Tensor:
-    """Replace abstentions (NaN) by the mean of the channel's other values in the same group.  [B, G, K] -> same.
-
-    An abstaining rollout then moves neither its channel's group mean nor its own advantage on that channel (it
-    does shrink that channel's group std by the share of abstainers).  A channel on which the whole group abstains
-    becomes 0 there: constant, so it contributes nothing.
-    """
-    present = ~torch.isnan(rewards)
-    counts = present.sum(dim=1, keepdim=True)  # [B, 1, K]
-    sums = torch.where(present, rewards, torch.zeros_like(rewards)).sum(dim=1, keepdim=True)
-    means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
-    return torch.where(present, rewards, means.expand_as(rewards))
+    flat = summed.reshape(1, -1)  # the whole batch as one group
+    return group_normalize(flat, eps).reshape(summed.shape)
 
 
 def dead_groups(rewards: Tensor) -> Tensor:
-    """rewards: [B, G, K] -> BoolTensor [B]: True where no channel varies within the group.
+    """rewards: [B, G, K], NaN = abstained -> BoolTensor [B]: True where no channel varies within the group.
 
     Tested per channel, not on the sum: channels that vary but cancel in the sum still carry GDPO signal.
     """
-    return (rewards == rewards[:, :1]).all(dim=2).all(dim=1)
+    return ~varies(rewards).squeeze(1).any(dim=-1)
 
 
 def gae_advantages(
@@ -128,6 +135,22 @@ def gae_advantages(
     return advantages, returns
 
 
+def gae_token_rewards(rewards: Tensor, weights: Tensor, mask: Tensor, kl_penalty: Tensor | None = None) -> Tensor:
+    """PPO's per-token reward: the weighted channel sum (abstention = 0) on each rollout's last generated token,
+    minus `kl_penalty` (kl_coef * per-token KL, [N, T]) on every generated token.
+
+    rewards: [B, G, K]; weights: [K]; mask: [N, T] with N = B*G -> [N, T], 0 where mask is 0.
+    """
+    mask = mask.to(torch.float32)
+    total = weighted_sum(rewards, weights).reshape(-1)  # [N]
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)  # [N] index of each rollout's last generated token
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(mask.shape[0]), last] = total.to(mask.dtype)
+    if kl_penalty is not None:
+        token_rewards = token_rewards - kl_penalty.to(mask.dtype)
+    return token_rewards * mask
+
+
 def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """Normalize to zero mean, unit variance over the entries where mask is 1.  values, mask: [N, T]."""
     mask = mask.to(values.dtype)
@@ -142,11 +165,13 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 
 
 def grpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
-    """[B, G, K] -> [B, G, K] whose sum over K is grpo_advantages: w_k (r_k - group mean_k) / (std of the sum + eps)."""
-    w = _weights(rewards, weights)
-    std = (rewards * w).sum(-1).std(dim=1, keepdim=True).unsqueeze(-1)  # [B, 1, 1]
-    centered = (rewards - rewards.mean(dim=1, keepdim=True)) * w
-    return torch.where(std > 0, centered / (std + eps), torch.zeros_like(centered))
+    """[B, G, K] -> [B, G, K] whose sum over K is grpo_advantages: w_k (r_k - group mean_k) / (std of the sum + eps),
+    an abstention counting 0 as in the sum."""
+    filled = torch.nan_to_num(rewards, nan=0.0) * _weights(rewards, weights)  # [B, G, K]
+    total = filled.sum(-1)  # [B, G]
+    std = total.std(dim=1, keepdim=True).unsqueeze(-1)  # [B, 1, 1]
+    centered = filled - filled.mean(dim=1, keepdim=True)
+    return torch.where(varies(total).unsqueeze(-1), centered / (std + eps), torch.zeros_like(centered))
 
 
 def gdpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
@@ -156,7 +181,8 @@ def gdpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = N
 
 def batch_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None) -> Tensor:
     """[B, G, K] -> [B, G, K]: w_k (r_k - batch mean_k), the parts of PPO's summed reward (no groups)."""
-    return (rewards - rewards.mean(dim=(0, 1), keepdim=True)) * _weights(rewards, weights)
+    filled = torch.nan_to_num(rewards, nan=0.0)
+    return (filled - filled.mean(dim=(0, 1), keepdim=True)) * _weights(rewards, weights)
 
 
 def advantage_shares(contributions: Tensor, advantages: Tensor) -> Tensor:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from mrl.advantages import (
     batch_contributions,
     gae_advantages,
+    gae_token_rewards,
     gdpo_advantages,
     gdpo_contributions,
     grpo_advantages,
@@ -22,9 +22,11 @@ from mrl.advantages import (
     masked_whiten,
 )
 
-# (rewards [B, G, K], weights [K], completion mask [N, T], values [N, T] or None, algo config)
+# (rewards [B, G, K] NaN = abstained, weights [K], completion mask [N, T], values [N, T] or None,
+#  per-token KL penalty [N, T] (already times kl_coef, >= 0) or None, algo config)
 #   -> (advantages [N, T], returns [N, T] or None)
-TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", object], "tuple[Tensor, Tensor | None]"]
+TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", "Tensor | None", object],
+                            "tuple[Tensor, Tensor | None]"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Estimator:
     contributions: Callable[[Tensor, Tensor, float], Tensor]
     group_relative: bool  # advantages come from the group of G rollouts: G must be >= 2
     needs_critic: bool  # a value function is trained alongside the policy
+    # Takes a per-token KL penalty in the reward (algo.kl_mode=reward).  A group-relative estimator does not: each
+    # rollout's penalty would be normalized within its group, so kl_coef would cancel under GDPO (TRL's `beta` and
+    # the GDPO reference code put KL in the loss instead).
+    reward_kl: bool
 
 
 def _broadcast(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
@@ -41,20 +47,18 @@ def _broadcast(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
     return sequence_advantages.reshape(-1, 1).to(mask.dtype) * mask
 
 
-def _grpo(rewards, weights, mask, values, cfg):
+def _grpo(rewards, weights, mask, values, kl_penalty, cfg):
     return _broadcast(grpo_advantages(rewards, weights, cfg.adv_eps), mask), None
 
 
-def _gdpo(rewards, weights, mask, values, cfg):
+def _gdpo(rewards, weights, mask, values, kl_penalty, cfg):
     return _broadcast(gdpo_advantages(rewards, weights, cfg.adv_eps, cfg.gdpo_batch_norm), mask), None
 
 
-def _gae(rewards, weights, mask, values, cfg):
-    """PPO: the weighted channel sum is the reward of the last generated token; GAE over the critic's values."""
-    total = (rewards * weights).sum(-1).reshape(-1)  # [N]
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(dim=1)  # [N] index of each rollout's last generated token
-    token_rewards = torch.zeros_like(values)
-    token_rewards[torch.arange(values.shape[0]), last] = total.to(values.dtype)
+def _gae(rewards, weights, mask, values, kl_penalty, cfg):
+    """PPO: the weighted channel sum is the reward of the last generated token, minus the KL penalty on every
+    generated token (the standard per-token RLHF reward); GAE over the critic's values."""
+    token_rewards = gae_token_rewards(rewards, weights, mask, kl_penalty).to(values.dtype)  # [N, T]
     advantages, returns = gae_advantages(token_rewards, values, mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
@@ -62,7 +66,8 @@ def _gae(rewards, weights, mask, values, cfg):
 
 
 ESTIMATORS: dict[str, Estimator] = {
-    "grpo": Estimator(_grpo, grpo_contributions, group_relative=True, needs_critic=False),
-    "gdpo": Estimator(_gdpo, gdpo_contributions, group_relative=True, needs_critic=False),
-    "gae": Estimator(_gae, lambda r, w, eps: batch_contributions(r, w), group_relative=False, needs_critic=True),
+    "grpo": Estimator(_grpo, grpo_contributions, group_relative=True, needs_critic=False, reward_kl=False),
+    "gdpo": Estimator(_gdpo, gdpo_contributions, group_relative=True, needs_critic=False, reward_kl=False),
+    "gae": Estimator(_gae, lambda r, w, eps: batch_contributions(r, w), group_relative=False, needs_critic=True,
+                     reward_kl=True),
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import II, MISSING
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -33,13 +33,21 @@ class LossAgg(str, Enum):
 
 
 class KLMode(str, Enum):
-    loss = "loss"  # k3 KL as a loss term, per token (GRPO paper)
-    reward = "reward"  # k3 KL summed over the sequence, as its own reward channel `kl_penalty` (PPO-RLHF style)
+    loss = "loss"  # k3 KL as a loss term, per token (GRPO paper, TRL's beta)
+    # -kl_coef * per-token KL added to each generated token's reward (PPO-RLHF).  PPO (GAE) only: a group-relative
+    # estimator would normalize the penalty away.
+    reward = "reward"
 
 
 class Critic(str, Enum):
     model = "model"  # a separate value model: a copy of the policy's backbone plus a scalar head
     head = "head"  # a scalar head on the policy's last hidden state, sharing its backbone
+
+
+class ToolFormat(str, Enum):
+    auto = "auto"
+    words = "words"
+    chat = "chat"
 
 
 class ChannelKind(str, Enum):
@@ -48,7 +56,7 @@ class ChannelKind(str, Enum):
 
 
 class Enforce(str, Enum):
-    veto = "veto"  # a violating rollout gets the worst value seen on every channel
+    veto = "veto"  # a violating rollout gets every other channel's gated_value
     drop = "drop"  # a violating rollout is left out of the update
 
 
@@ -74,12 +82,15 @@ class AlgoConfig:
     dynamic_sampling: bool = False
     max_gen_batches: int = 4
     # DAPO overlong shaping: a penalty rising linearly over the last `overlong_buffer` tokens before
-    # max_new_tokens, logged as its own channel `overlong`.  0 turns it off.
+    # max_new_tokens, logged as its own channel `overlong` (in [-1, 0]) whose weight is `overlong_penalty`.
+    # 0 turns it off.
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
     # PPO: critic, GAE, value loss.
     critic: Optional[Critic] = None
-    critic_lr: float = 1e-3  # the value model's, or the value head's, learning rate
+    # The value model's, or the value head's, learning rate; by default the model preset's (a pretrained backbone
+    # wants ~1e-5, the built-in tiny model its tuned 1e-3).
+    critic_lr: float = II("model.critic_lr")
     gamma: float = 1.0
     lam: float = 0.95
     value_clip: float = 0.2
@@ -98,9 +109,11 @@ class ChannelConfig:
     kind: ChannelKind = ChannelKind.reward
     enforce: Optional[Enforce] = None
     violation_below: float = 0.0
-    # Conditioned reward (GDPO Eq. 8): pay this channel only where channel `condition_on` >= `threshold`.
+    # Conditioned reward (GDPO Eq. 8): pay this channel only where channel `condition_on` >= `threshold`, and
+    # `gated_value` elsewhere (also what a vetoed rollout gets on this channel).
     condition_on: Optional[str] = None
     threshold: float = 1.0
+    gated_value: float = 0.0
 
 
 @dataclass
@@ -131,9 +144,18 @@ class TinyModelSpec:
 class ModelConfig:
     # A hub id (`Qwen/Qwen3-0.6B`), a local model directory, or `builtin:tiny` for the built-in model.
     name_or_path: str = MISSING
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    # float32 | bfloat16 | float16: the compute dtype on GPUs and the dtype checkpoints export; trained weights and
+    # optimizer states are float32 whatever it says (mrl/precision.py).
+    dtype: str = "float32"
     use_chat_template: bool = False  # wrap task prompts with the tokenizer's chat template
+    # How agents call tools (mrl/protocols.py): `chat` in the model's own chat format (`<tool_call>{json}</tool_call>`,
+    # results as `tool` messages), `words` the built-in tiny model's (a tool's name as a word), `auto` chat when
+    # use_chat_template and the tokenizer has a template.
+    tool_format: ToolFormat = ToolFormat.auto
+    # Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3 (thinking mode otherwise).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     gradient_checkpointing: bool = False
+    critic_lr: float = 1e-5  # algo.critic_lr's default: a rate suited to fine-tuning this backbone as a critic
     attn_implementation: Optional[str] = None
     tiny: Optional[TinyModelSpec] = None
 
@@ -142,7 +164,9 @@ class ModelConfig:
 class DeepSpeedConfig:
     enabled: bool = False
     stage: int = 0
-    bf16: bool = False
+    # Read from model.dtype, not set here: bfloat16 (float16) on a GPU turns on DeepSpeed's bf16 (fp16) mode, which
+    # keeps float32 masters and optimizer states in the ZeRO optimizer (mrl/precision.py).
+    model_dtype: str = "${model.dtype}"
     gradient_clipping: float = 1.0
     offload_optimizer: bool = False
     offload_param: bool = False
@@ -157,6 +181,7 @@ class LoggerConfig:
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
     log_every: int = 10  # plain-line progress every N steps when stdout is not a terminal
+    samples_every: int = 25  # every N steps, a few transcripts to samples.jsonl (and a W&B table); 0: never
 
 
 @dataclass
@@ -166,7 +191,11 @@ class TrainerConfig:
     prompts_per_step: int = 8
     group_size: int = 8
     max_new_tokens: int = 10
+    max_tool_tokens: int = 256  # most tokens one tool result adds (its chat-template wrapping included); cut beyond
+    # Sampling: exactly these, whatever the model's generation_config.json says (repetition_penalty etc. never apply).
     temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
     lr: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0

@@ -1,9 +1,13 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
+A step is five phases: collect (rollouts, scored and shaped) -> score_rollouts (old, reference log-probs and values,
+no gradients) -> the estimator's advantages -> update (epochs x mini x micro-batches) -> step_metrics, log, checkpoint.
+
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
   registry in mrl/algos.py, combines them; the loop itself never asks which algorithm it runs;
-- dynamic sampling (DAPO) is a switch on any estimator: dead groups, in which no channel varies, are dropped and
+- dynamic sampling (DAPO) is a switch on any estimator: dead groups, in which no task channel varies after the
+  conditions and vetoes (what is trained on), are dropped and
   more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
 - losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
   aggregations (seq_mean, token_mean) and for any number of live groups.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, fill_abstentions
+from mrl.advantages import advantage_shares, dead_groups, distinct_per_group
 from mrl.algos import ESTIMATORS
 from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
 from mrl.config import UserError
@@ -44,34 +49,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     algo, trainer = cfg.algo, cfg.trainer
     run_dir.mkdir(parents=True, exist_ok=True)
     estimator = ESTIMATORS[algo.advantage.value]
-    validate(cfg, estimator.group_relative)
+    validate(cfg, estimator)
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
     reward_set = build_reward_set(cfg.rewards, algo)
-    task_channels = reward_set.task_channels
     weights = reward_set.weights  # [K]
     task = build_task(cfg)
-    B, G = trainer.prompts_per_step, trainer.group_size
 
-    # Models: the policy (with a value head for PPO+head), a separate critic (PPO+model), a frozen reference.
     resume_from = resolve_resume(trainer.resume, run_dir)
-    init_path = resolve_model_path(cfg.model)
-    tokenizer = load_tokenizer(init_path)
-    policy_path = str(resume_from / "policy") if resume_from else init_path
-    actor_module = Actor(load_causal_lm(policy_path, cfg.model, device), value_head=algo.critic == "head")
-    critic = None
-    if estimator.needs_critic and algo.critic == "model":
-        critic_path = str(resume_from / "critic") if resume_from else init_path
-        critic = Trainable(load_value_model(critic_path, cfg.model, device), algo.critic_lr, trainer.weight_decay,
-                           trainer.grad_clip, cfg.deepspeed, trainer.micro_batch_size, device)
-    if resume_from is not None:
-        load_heads(resume_from, actor_module, critic)
-    actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
-                      trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
-    reference = None
-    if algo.kl_coef > 0:
-        reference = Actor(load_causal_lm(init_path, cfg.model, device)).eval().requires_grad_(False)
+    tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from)
 
     state = {"step": 0, "prompt_position": 0}
     if resume_from is not None:
@@ -97,141 +84,36 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             step_start = time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-
-            # 1. Rollouts: B prompts x G samples, scored per channel.  With dynamic sampling, dead groups are
-            #    dropped and more prompts drawn until B live groups are found or max_gen_batches is reached.
-            actor.module.eval()
-            generated: list[Rollouts] = []  # every generation round, scored
-            live_parts: list[Rollouts] = []  # the groups that will be trained on
-            num_live = 0
-            while True:
-                prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
-                state["prompt_position"] += B
-                rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
-                                    trainer.temperature, cfg.model.use_chat_template, device, **episode_rules(task))
-                rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
-                generated.append(rollouts)
-                grouped = fill_abstentions(rollouts.rewards.view(B, G, -1))  # [B, G, K]
-                live = ~dead_groups(grouped[..., task_channels])  # [B]
-                if algo.dynamic_sampling:
-                    groups = live.nonzero().squeeze(-1)[: B - num_live]
-                    if len(groups):
-                        live_parts.append(rollouts.select_groups(groups))
-                    num_live += len(groups)
-                    if num_live < B and len(generated) < algo.max_gen_batches:
-                        continue
-                else:
-                    live_parts.append(rollouts)
-                break
-            all_rewards = torch.cat([r.rewards for r in generated]).view(-1, G, len(reward_set.names))
-            # Dynamic sampling found no live group within max_gen_batches: nothing to learn, so no optimizer step
-            # (Adam would still move the weights on a zero gradient); the first round is scored for the logs.
-            skip_update = not live_parts
-            batch = Rollouts.concat(live_parts or generated[:1], tokenizer.pad_token_id)
-            rewards = batch.rewards.view(-1, G, len(reward_set.names)).clone()  # [B', G, K], NaN = abstained
+            collected = collect(cfg, task, actor, tokenizer, reward_set, state, device)  # 1. rollouts, scored
             rollout_s = time.perf_counter() - step_start
-
-            # 2. Log-probs of the sampling policy and the reference, values of the critic: no gradients.
             update_start = time.perf_counter()
+            batch = collected.batch
             mask = batch.completion_mask.float()  # [N, T]
-            old_logprobs, ref_logprobs, old_values = score_rollouts(actor, reference, critic, batch,
-                                                                    trainer.micro_batch_size)
-            if algo.kl_coef > 0 and algo.kl_mode == "reward":
-                kl_per_seq = (kl_k3(old_logprobs, ref_logprobs) * mask).sum(-1)  # [N]
-                rewards[..., reward_set.names.index("kl_penalty")] = -algo.kl_coef * kl_per_seq.view(rewards.shape[:2])
-
-            # 3. Conditions and constraints, then advantages by the algorithm's estimator.
-            shaped, keep, shaping_stats = reward_set.shape(rewards)  # [B', G, K], [B', G]
-            keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
-            shaped = fill_abstentions(shaped)
-            advantages, returns = estimator.token_advantages(shaped.to(device), weights.to(device), mask,
-                                                             old_values, algo)  # [N, T], [N, T] | None
-            loss_mask = mask * keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
-
-            # 4. Policy (and critic) update: epochs x mini-batches x micro-batches, clipped surrogate.
+            old_logprobs, ref_logprobs, old_values = score_rollouts(actor, reference, critic, batch,  # 2. no grad
+                                                                    trainer.micro_batch_size, trainer.temperature)
+            kl_penalty = (algo.kl_coef * kl_k3(old_logprobs, ref_logprobs) * mask  # [N, T]
+                          if reference is not None and algo.kl_mode == "reward" else None)
+            advantages, returns = estimator.token_advantages(  # 3. advantages: [N, T], [N, T] | None
+                collected.shaped.to(device), weights.to(device), mask, old_values, kl_penalty, algo)
+            loss_mask = mask * collected.keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
             updating = True
-            actor.module.train()
-            sums: dict[str, float] = {}
-            num_rows = loss_mask.shape[0]
-            mini_batches = 0
-            for _ in range(0 if skip_update else algo.epochs):
-                order = torch.randperm(num_rows)
-                for mini in order.chunk(trainer.num_mini_batches):
-                    mini_batches += 1
-                    mini_mask = loss_mask[mini.to(device)]
-                    denom = (mini_mask.sum() if algo.loss_agg == "token_mean"
-                             else (mini_mask.sum(-1) > 0).sum()).clamp(min=1).item()
-                    micros = mini.split(trainer.micro_batch_size)
-                    for i, rows in enumerate(micros):
-                        rows_d = rows.to(device)
-                        micro, m_mask = batch.take(rows), loss_mask[rows_d]
-                        logprobs, logits, values = policy_forward(actor, micro)
-                        pg_loss, clipped = clipped_surrogate(logprobs, old_logprobs[rows_d], advantages[rows_d],
-                                                             algo.clip_low, algo.clip_high)
-                        loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
-                        entropy = entropy_from_logits(logits)
-                        loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
-                        if reference is not None:
-                            kl = kl_k3(logprobs, ref_logprobs[rows_d])
-                            if algo.kl_mode == "loss":
-                                loss = loss + algo.kl_coef * aggregate(kl, m_mask, algo.loss_agg, denom)
-                            accumulate(sums, "kl", token_mean_part(kl, m_mask, mini_mask))
-                        if values is not None:  # PPO with a value head on the policy
-                            v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d],
-                                                          algo.value_clip), m_mask, algo.loss_agg, denom)
-                            loss = loss + algo.vf_coef * v_loss
-                            accumulate(sums, "loss/value", v_loss.item())
-                        last = i == len(micros) - 1
-                        grad_norm = actor.accumulate(loss, last)
-                        if critic is not None:
-                            values = value_forward(critic, micro)
-                            v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d],
-                                                          algo.value_clip), m_mask, algo.loss_agg, denom)
-                            critic.accumulate(v_loss, last)
-                            accumulate(sums, "loss/value", v_loss.item())
-                        accumulate(sums, "loss/policy", aggregate(pg_loss.detach(), m_mask, algo.loss_agg,
-                                                                  denom).item())
-                        accumulate(sums, "loss/total", loss.item())
-                        accumulate(sums, "entropy", token_mean_part(entropy, m_mask, mini_mask))
-                        accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, mini_mask))
-                        accumulate(sums, "policy/approx_kl", token_mean_part(
-                            kl_k3(logprobs.detach(), old_logprobs[rows_d]), m_mask, mini_mask))
-                        if grad_norm is not None:
-                            accumulate(sums, "grad_norm", grad_norm)
-            update_s = time.perf_counter() - update_start
+            sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
+                cfg, actor, critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
             updating = False
+            update_s = time.perf_counter() - update_start
 
-            # 5. Log and checkpoint.
-            state["step"] = step
-            step_s = time.perf_counter() - step_start
-            generated_tokens = sum(int(r.completion_mask.sum()) for r in generated)
-            metrics = {"step": step}
-            metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
-            sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
-            sequence_adv = sequence_adv.view(rewards.shape[:2]).cpu()  # [B', G]
-            shares = advantage_shares(estimator.contributions(shaped, weights, algo.adv_eps), sequence_adv)
-            metrics.update({f"adv/share/{name}": shares[k].item() for k, name in enumerate(reward_set.names)})
-            metrics.update({
-                "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
-                "adv/distinct_per_group": distinct_per_group(sequence_adv),
-                "groups/dead_frac_raw": dead_groups(fill_abstentions(all_rewards)[..., task_channels]).float()
-                .mean().item(),
-                "rewards/failed_frac": torch.cat([r.failed for r in generated]).float().mean().item(),
-                "groups/dead_frac": (None if skip_update
-                                     else dead_groups(shaped[..., task_channels]).float().mean().item()),
-                "dapo/skipped_update": float(skip_update),
-                "dapo/gen_batches": len(generated), "dapo/rollouts_generated": len(generated) * B * G,
-                "dapo/live_groups": num_live if algo.dynamic_sampling else rewards.shape[0],
-            })
-            metrics.update({k: v / mini_batches for k, v in sums.items()})
+            state["step"] = step  # 5. log and checkpoint
+            metrics = step_metrics(step, collected, reward_set, estimator, algo, advantages, mask, loss_mask,
+                                   kl_penalty)
+            metrics.update({k: v / max(mini_batches, 1) for k, v in sums.items()})
             # Not measured this step (null in metrics.jsonl): kl without a reference model, loss/value without a
             # critic, every update metric when dynamic sampling skipped the update.
             for key in UPDATE_KEYS:
                 metrics.setdefault(key, None)
-            metrics.update(shaping_stats)
+            generated_tokens = sum(int(r.completion_mask.sum()) for r in collected.rounds)
             metrics.update({
-                "perf/step_s": step_s, "perf/rollout_s": rollout_s, "perf/update_s": update_s,
-                "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
+                "perf/step_s": time.perf_counter() - step_start, "perf/rollout_s": rollout_s,
+                "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
                 "mem/peak_mb": peak_memory_mb(device),
             })
             metrics_file.log(metrics)
@@ -257,16 +139,186 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return metrics
 
 
+def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None):
+    """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head) and its
+    optimizer, a separate critic with its own (PPO+model), a frozen reference (kl_coef > 0)."""
+    algo, trainer = cfg.algo, cfg.trainer
+    init_path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(init_path)
+    policy_path = str(resume_from / "policy") if resume_from else init_path
+    actor_module = Actor(load_causal_lm(policy_path, cfg.model, device), value_head=algo.critic == "head")
+    critic = None
+    if estimator.needs_critic and algo.critic == "model":
+        critic_path = str(resume_from / "critic") if resume_from else init_path
+        critic = Trainable(load_value_model(critic_path, cfg.model, device), algo.critic_lr, trainer.weight_decay,
+                           trainer.grad_clip, cfg.deepspeed, trainer.micro_batch_size, device)
+    if resume_from is not None:
+        load_heads(resume_from, actor_module, critic)
+    actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
+                      trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
+    reference = None
+    if algo.kl_coef > 0:
+        reference = Actor(load_causal_lm(init_path, cfg.model, device)).eval().requires_grad_(False)
+    return tokenizer, actor, critic, reference
+
+
+@dataclass
+class Collected:
+    """One step's rollouts: every generation round (for the logs) and the batch trained on."""
+
+    rounds: list[Rollouts]  # every generation round, scored: rewards [B*G, K] each
+    batch: Rollouts  # the live groups (all groups without dynamic sampling): N = B'*G rollouts
+    shaped: Tensor  # [B', G, K] the batch's rewards after conditions and vetoes, NaN = abstained
+    keep: Tensor  # [B', G] bool: rollouts that enter the losses (not dropped by a constraint or a failed channel)
+    shaping_stats: dict[str, float]
+    num_live: int  # live groups found (dynamic sampling), or B'
+    skip_update: bool  # dynamic sampling found no live group: no optimizer step
+
+
+def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, state: dict, device) -> Collected:
+    """Phase 1: B prompts x G samples, scored per channel and shaped (conditions, vetoes).
+
+    With dynamic sampling, groups in which no task channel varies *after shaping* (what the update trains on) are
+    dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
+    """
+    algo, trainer = cfg.algo, cfg.trainer
+    B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
+    actor.module.eval()
+    rounds: list[Rollouts] = []
+    live_parts: list[Rollouts] = []
+    num_live = 0
+    while True:
+        prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
+        state["prompt_position"] += B
+        rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
+                            trainer.temperature, cfg.model.use_chat_template, device, **episode_rules(task))
+        rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
+        rounds.append(rollouts)
+        if not algo.dynamic_sampling:
+            live_parts.append(rollouts)
+            num_live = B
+            break
+        shaped, _, _ = reward_set.shape(rollouts.rewards.view(B, G, K))
+        live = ~dead_groups(shaped[..., reward_set.task_channels])  # [B]
+        groups = live.nonzero().squeeze(-1)[: B - num_live]
+        if len(groups):
+            live_parts.append(rollouts.select_groups(groups))
+        num_live += len(groups)
+        if num_live >= B or len(rounds) >= algo.max_gen_batches:
+            break
+    # No live group within max_gen_batches: nothing to learn, so no optimizer step (Adam would still move the
+    # weights on a zero gradient); the first round stands in for the logs.
+    skip_update = not live_parts
+    batch = Rollouts.concat(live_parts or rounds[:1], tokenizer.pad_token_id)
+    shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
+    keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
+    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
+
+
+def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: Rollouts, loss_mask: Tensor,
+           advantages: Tensor, returns: Tensor | None, old_logprobs: Tensor, ref_logprobs: Tensor | None,
+           old_values: Tensor | None) -> tuple[dict[str, float], int]:
+    """Phase 4: epochs x mini-batches x micro-batches of the clipped surrogate (and the critic's value loss).
+
+    All tensors [N, T].  Returns (per-mini-batch sums of the update metrics, number of mini-batches).
+    """
+    algo, trainer = cfg.algo, cfg.trainer
+    actor.module.train()
+    if critic is not None:
+        critic.module.train()  # gradient checkpointing (and dropout, if any) only act in train mode
+    sums: dict[str, float] = {}
+    mini_batches = 0
+    for _ in range(algo.epochs):
+        for mini in torch.randperm(loss_mask.shape[0]).chunk(trainer.num_mini_batches):
+            mini_batches += 1
+            mini_mask = loss_mask[mini.to(loss_mask.device)]
+            denom = (mini_mask.sum() if algo.loss_agg == "token_mean"
+                     else (mini_mask.sum(-1) > 0).sum()).clamp(min=1).item()
+            micros = mini.split(trainer.micro_batch_size)
+            for i, rows in enumerate(micros):
+                rows_d = rows.to(loss_mask.device)
+                micro, m_mask = batch.take(rows), loss_mask[rows_d]
+                logprobs, logits, values = policy_forward(actor, micro, trainer.temperature)
+                pg_loss, clipped = clipped_surrogate(logprobs, old_logprobs[rows_d], advantages[rows_d],
+                                                     algo.clip_low, algo.clip_high)
+                loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
+                entropy = entropy_from_logits(logits)
+                loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
+                if ref_logprobs is not None:
+                    kl = kl_k3(logprobs, ref_logprobs[rows_d])
+                    if algo.kl_mode == "loss":
+                        loss = loss + algo.kl_coef * aggregate(kl, m_mask, algo.loss_agg, denom)
+                    accumulate(sums, "kl", token_mean_part(kl, m_mask, mini_mask))
+                if values is not None:  # PPO with a value head on the policy
+                    v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d], algo.value_clip),
+                                       m_mask, algo.loss_agg, denom)
+                    loss = loss + algo.vf_coef * v_loss
+                    accumulate(sums, "loss/value", v_loss.item())
+                last = i == len(micros) - 1
+                grad_norm = actor.accumulate(loss, last)
+                if critic is not None:
+                    values = value_forward(critic, micro)
+                    v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d], algo.value_clip),
+                                       m_mask, algo.loss_agg, denom)
+                    critic.accumulate(v_loss, last)
+                    accumulate(sums, "loss/value", v_loss.item())
+                accumulate(sums, "loss/policy", aggregate(pg_loss.detach(), m_mask, algo.loss_agg, denom).item())
+                accumulate(sums, "loss/total", loss.item())
+                accumulate(sums, "entropy", token_mean_part(entropy, m_mask, mini_mask))
+                accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, mini_mask))
+                accumulate(sums, "policy/approx_kl", token_mean_part(kl_k3(logprobs.detach(), old_logprobs[rows_d]),
+                                                                     m_mask, mini_mask))
+                if grad_norm is not None:
+                    accumulate(sums, "grad_norm", grad_norm)
+    return sums, mini_batches
+
+
+def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, advantages: Tensor, mask: Tensor,
+                 loss_mask: Tensor, kl_penalty: Tensor | None) -> dict[str, Any]:
+    """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller)."""
+    G, K = collected.batch.group_size, len(reward_set.names)
+    weights, task_channels = reward_set.weights, reward_set.task_channels
+    all_rewards = torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K)  # [rounds*B, G, K]
+    shaped = collected.shaped  # [B', G, K]
+    metrics: dict[str, Any] = {"step": step}
+    metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
+    if kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
+        metrics["reward/kl_penalty/mean"] = -kl_penalty.sum(-1).mean().item()
+    sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
+    sequence_adv = sequence_adv.view(shaped.shape[:2]).cpu()  # [B', G]
+    shares = advantage_shares(estimator.contributions(shaped, weights, algo.adv_eps), sequence_adv)
+    metrics.update({f"adv/share/{name}": shares[k].item() for k, name in enumerate(reward_set.names)})
+    metrics.update({
+        "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
+        "adv/distinct_per_group": distinct_per_group(sequence_adv),
+        "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
+        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).float().mean().item(),
+        "groups/dead_frac": (None if collected.skip_update
+                             else dead_groups(shaped[..., task_channels]).float().mean().item()),
+        "dapo/skipped_update": float(collected.skip_update),
+        "dapo/gen_batches": len(collected.rounds),
+        "dapo/rollouts_generated": sum(len(r.episodes) for r in collected.rounds),
+        "dapo/live_groups": collected.num_live,
+    })
+    metrics.update(collected.shaping_stats)
+    return metrics
+
+
 @torch.no_grad()
-def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int):
-    """(old log-probs [N, T], reference log-probs [N, T] or None, old values [N, T] or None), micro-batched."""
+def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
+                   temperature: float):
+    """Phase 2: (old log-probs [N, T], reference log-probs [N, T] or None, old values [N, T] or None), micro-batched,
+    log-probs of the sampling distribution (logits / temperature)."""
+    actor.module.eval()
+    if critic is not None:
+        critic.module.eval()
     old, ref, values = [], [], []
     for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
         micro = batch.take(rows)
-        logprobs, _, head_values = policy_forward(actor, micro)
+        logprobs, _, head_values = policy_forward(actor, micro, temperature)
         old.append(logprobs)
         if reference is not None:
-            ref.append(policy_forward(reference, micro)[0])
+            ref.append(policy_forward(reference, micro, temperature)[0])
         if critic is not None:
             values.append(value_forward(critic, micro))
         elif head_values is not None:
@@ -339,20 +391,29 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def validate(cfg: DictConfig, group_relative: bool) -> None:
+def validate(cfg: DictConfig, estimator) -> None:
     """Checks that the schema cannot express; each error names the value and the fix."""
     t, a = cfg.trainer, cfg.algo
     if t.max_steps <= 0:
         raise UserError(f"trainer.max_steps={t.max_steps}: must be a positive number of steps")
-    if group_relative and t.group_size < 2:
+    if estimator.group_relative and t.group_size < 2:
         raise UserError(f"trainer.group_size={t.group_size}: algo={a.name} normalizes within groups of rollouts, "
                         "so it needs group_size >= 2 (try 8)")
     if t.group_size < 1 or t.prompts_per_step < 1 or t.micro_batch_size < 1 or t.max_new_tokens < 1:
         raise UserError("trainer.group_size, prompts_per_step, micro_batch_size and max_new_tokens must be >= 1")
+    if t.temperature <= 0:
+        raise UserError(f"trainer.temperature={t.temperature}: training samples, so it must be > 0 (1.0 samples the "
+                        "model's own distribution)")
     if t.save_every <= 0:
         raise UserError(f"trainer.save_every={t.save_every}: must be >= 1")
-    if a.critic is None and ESTIMATORS[a.advantage.value].needs_critic:
+    if a.critic is None and estimator.needs_critic:
         raise UserError(f"algo.advantage={a.advantage.value} needs a critic: set algo.critic=model or head")
+    if a.critic is not None and not estimator.needs_critic:
+        raise UserError(f"algo.critic={a.critic.value}: algo.advantage={a.advantage.value} takes its baseline from the "
+                        "group of rollouts and trains no critic; drop algo.critic (critic=null) or use advantage=gae")
+    if a.kl_coef > 0 and a.kl_mode == "reward" and not estimator.reward_kl:
+        raise UserError(f"algo.kl_mode=reward with algo.advantage={a.advantage.value}: a group-relative estimator "
+                        "normalizes a per-rollout penalty away; use algo.kl_mode=loss (the KL term in the loss)")
     if a.overlong_buffer >= t.max_new_tokens:
         raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
                         f"{t.max_new_tokens}")

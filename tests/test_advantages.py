@@ -11,8 +11,8 @@ from torch.testing import assert_close
 from mrl.advantages import (
     check_finite,
     dead_groups,
-    fill_abstentions,
     gae_advantages,
+    gae_token_rewards,
     gdpo_advantages,
     grpo_advantages,
     masked_whiten,
@@ -259,25 +259,26 @@ def test_gdpo_paper_two_rollout_example():
 # --------------------------------------------------------------------------------- input validation
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf")])
 @pytest.mark.parametrize("fn", [grpo_advantages, gdpo_advantages])
-def test_non_finite_rewards_raise(fn, bad):
+def test_infinite_rewards_raise(fn, bad):
     r = _random_rewards(6, k=2)
     r[1, 2, 1] = bad
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="inf"):
         fn(r)
 
 
 def test_check_finite_names_the_channel():
     r = torch.zeros(2, 3, 2)
-    check_finite(r, ["accuracy", "efficiency"])  # finite: no error
-    r[1, 0, 1] = float("nan")
+    r[1, 1, 0] = float("nan")  # an abstention: no error
+    check_finite(r, ["accuracy", "efficiency"])
+    r[1, 0, 1] = float("inf")
     with pytest.raises(ValueError, match="efficiency"):
         check_finite(r, ["accuracy", "efficiency"])
     with pytest.raises(ValueError, match="#1"):
         check_finite(r)
     r2 = torch.zeros(2, 3, 2)
-    r2[0, 2, 0] = float("inf")
+    r2[0, 2, 0] = float("-inf")
     with pytest.raises(ValueError, match="accuracy") as info:
         check_finite(r2, ["accuracy", "efficiency"])
     assert "efficiency" not in str(info.value)
@@ -411,20 +412,108 @@ def test_gdpo_matches_trl_normalize_then_sum(seed):
     torch.testing.assert_close(gdpo_advantages(rewards, weights, eps=1e-4), trl_normalize_then_sum(rewards, weights))
 
 
-def test_fill_abstentions_uses_the_group_mean_of_the_others():
-    nan = float("nan")
-    # group 0, channel 0: 1, NaN, 3 -> NaN becomes (1 + 3) / 2 = 2; channel 1 all NaN -> 0.
-    # group 1, channel 0: nothing missing; channel 1: 5, NaN, NaN -> 5.
-    rewards = torch.tensor([[[1.0, nan], [nan, nan], [3.0, nan]],
-                            [[0.0, 5.0], [1.0, nan], [2.0, nan]]])
-    expected = torch.tensor([[[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]],
-                             [[0.0, 5.0], [1.0, 5.0], [2.0, 5.0]]])
-    torch.testing.assert_close(fill_abstentions(rewards), expected)
+# ------------------------------------------------------------------------------------------ abstentions
 
 
-def test_an_abstention_does_not_move_the_group_mean():
+def reference_with_abstentions(rewards, weights, eps, estimator):
+    """An independent, loop-by-loop reference written from the definitions (TRL's nan-aware statistics).
+
+    gdpo: per group and channel, mean and unbiased std over the entries that scored; an abstention gets 0 on that
+      channel, and so does every entry of a group whose scored entries are all equal (or fewer than two); weighted
+      sum; then (A - batch mean) / (unbiased batch std + eps), or 0 if the batch is constant.
+    grpo: weighted sum with an abstention counting 0 (nansum); then the same normalization within each group.
+    """
+    num_groups, group_size, num_channels = rewards.shape
+    values = rewards.tolist()
+
+    def normalize(xs):
+        scored = [x for x in xs if not math.isnan(x)]
+        if len(scored) < 2 or len(set(scored)) == 1:
+            return [0.0] * len(xs)
+        mean = sum(scored) / len(scored)
+        std = math.sqrt(sum((x - mean) ** 2 for x in scored) / (len(scored) - 1))
+        return [0.0 if math.isnan(x) else (x - mean) / (std + eps) for x in xs]
+
+    if estimator == "grpo":
+        sums = [[sum(0.0 if math.isnan(v) else v * w for v, w in zip(values[b][g], weights))
+                 for g in range(group_size)] for b in range(num_groups)]
+        return torch.tensor([normalize(row) for row in sums], dtype=torch.float64)
+    summed = [[0.0] * group_size for _ in range(num_groups)]
+    for b in range(num_groups):
+        for k in range(num_channels):
+            for g, z in enumerate(normalize([values[b][g][k] for g in range(group_size)])):
+                summed[b][g] += weights[k] * z
+    flat = normalize([x for row in summed for x in row])
+    return torch.tensor(flat, dtype=torch.float64).reshape(num_groups, group_size)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("estimator", ["grpo", "gdpo"])
+def test_abstentions_match_an_independent_reference(seed, estimator):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 4, (5, 4, 3), generator=gen).double()  # ties: constant channels
+    rewards[..., 1] *= 10.0
+    rewards[torch.rand(rewards.shape, generator=gen) < 0.3] = float("nan")  # ~30% abstentions
+    rewards[0, :, 2] = float("nan")  # a whole group abstains on a channel
+    rewards[1, 1:, 0] = float("nan")  # a single scored entry: does not vary
+    weights = [1.0, 0.5, 2.0]
+    expected = reference_with_abstentions(rewards, weights, EPS, estimator)
+    got = grpo_advantages(rewards, weights, EPS) if estimator == "grpo" else gdpo_advantages(rewards, weights, EPS)
+    assert not torch.isnan(got).any()
+    assert_close(got, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_an_abstention_does_not_inflate_the_others():
+    # GDPO, one channel: [1, 0, 1] and [1, 0, 1, abstained] have the same mean (2/3) and unbiased std (0.5774), so
+    # the scored rollouts' normalized values are equal: +0.5774, -1.1547, +0.5774.  Imputing the group mean for the
+    # abstention (the old behaviour) shrank the std to 0.4714 and inflated them to +0.7071, -1.4142.
     nan = float("nan")
-    rewards = torch.tensor([[[0.0], [1.0], [nan], [1.0]]])
-    filled = fill_abstentions(rewards)
-    assert filled[0, 2, 0] == pytest.approx(2 / 3)
-    assert filled.mean() == pytest.approx(2 / 3)
+    three = gdpo_advantages(torch.tensor([[[1.0], [0.0], [1.0]]]), batch_norm=False)
+    four = gdpo_advantages(torch.tensor([[[1.0], [0.0], [1.0], [nan]]]), batch_norm=False)
+    assert_close(four[0, :3], three[0], rtol=0, atol=1e-6)
+    assert_close(three[0], torch.tensor([0.5774, -1.1547, 0.5774]), rtol=0, atol=1e-4)
+    assert four[0, 3] == 0.0
+
+
+def test_dead_groups_ignore_abstentions():
+    nan = float("nan")
+    r = torch.tensor([[[1.0], [nan], [1.0]],  # scored entries equal: dead
+                      [[1.0], [nan], [0.0]],  # they differ: live
+                      [[nan], [nan], [2.0]]])  # one scored entry: dead
+    assert dead_groups(r).tolist() == [True, False, True]
+
+
+# ------------------------------------------------------------------------------------ exact dead groups
+
+
+@pytest.mark.parametrize("value", [0.1, 1 / 3, 0.7])
+@pytest.mark.parametrize("shape", [(1, 8, 1), (1, 2, 3), (4, 8, 2), (3, 5, 4)])
+def test_a_constant_group_gets_exactly_zero_in_float32(value, shape):
+    # float32 gives a constant group of 0.1 a std of ~1e-8, not 0: a `std > 0` test then produced ~0.03 of the
+    # same sign for the whole group.  Deadness is decided by exact equality.
+    rewards = torch.full(shape, value, dtype=torch.float32)
+    zeros = torch.zeros(shape[:2])
+    assert torch.equal(grpo_advantages(rewards), zeros)
+    assert torch.equal(gdpo_advantages(rewards, batch_norm=False), zeros)
+    assert torch.equal(gdpo_advantages(rewards), zeros)
+    assert dead_groups(rewards).all()
+    # Next to a live group, the constant one still gets exactly 0 and the live one does not.
+    mixed = torch.cat([rewards, torch.rand(shape, generator=torch.Generator().manual_seed(0))])
+    assert torch.equal(grpo_advantages(mixed)[: shape[0]], zeros)
+    assert torch.equal(gdpo_advantages(mixed, batch_norm=False)[: shape[0]], zeros)
+    assert grpo_advantages(mixed)[shape[0]:].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------ PPO's per-token reward
+
+
+def test_gae_token_rewards_put_the_sum_last_and_kl_on_every_generated_token():
+    # 2 rollouts (B=1, G=2), K=2 with weights [1, 2]; rollout 0's channel 1 abstains (counts 0).
+    # mask row 0: [1, 0, 1, 0] (observation at t=1, padding at t=3) -> last generated token t=2
+    # mask row 1: [1, 1, 0, 0] -> last generated token t=1
+    rewards = torch.tensor([[[1.0, float("nan")], [0.5, 1.0]]])
+    mask = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    kl = torch.tensor([[0.1, 0.9, 0.2, 0.9], [0.3, 0.4, 0.9, 0.9]])  # masked entries must not count
+    got = gae_token_rewards(rewards, torch.tensor([1.0, 2.0]), mask, kl)
+    expected = torch.tensor([[-0.1, 0.0, 1.0 - 0.2, 0.0], [-0.3, 0.5 + 2.0 - 0.4, 0.0, 0.0]])
+    assert_close(got, expected)

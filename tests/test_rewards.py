@@ -234,8 +234,8 @@ def test_correctness_uses_prompt_target():
     assert Correctness()(agent_episode("", calls=(("calc", TASK.calc(ADD_37)),), prompt=ADD_37)) == 1.0  # 0
 
 
-def test_overlong_penalty():
-    pen = OverlongPenalty(buffer=4, penalty=1.0)
+def test_overlong_penalty_depends_on_length_only():
+    pen = OverlongPenalty(buffer=4)
     # docstring: max_new_tokens=8, buffer=4 -> 0 up to 4 tokens, then linear to -1 at 8
     assert pen(episode("a", num_tokens=3)) == 0.0
     assert pen(episode("a", num_tokens=4)) == 0.0
@@ -243,10 +243,9 @@ def test_overlong_penalty():
     assert pen(episode("a", num_tokens=6)) == -0.5
     assert pen(episode("a", num_tokens=8)) == -1.0
     assert pen(episode("a", num_tokens=8, truncated=True)) == -1.0
-    assert pen(episode("a", num_tokens=2, truncated=True)) == -1.0  # truncated: always the full penalty
-    # penalty 2, buffer 4: 7 tokens are 3 over -> -2 * 3/4
-    assert OverlongPenalty(buffer=4, penalty=2.0)(episode("a", num_tokens=7)) == -1.5
-    assert OverlongPenalty(buffer=4, penalty=2.0)(episode("a", truncated=True)) == -2.0
+    # An episode that ended on the turn limit (truncated) after 2 tokens is short, not overlong.
+    assert pen(episode("a", num_tokens=2, truncated=True)) == 0.0
+    assert pen(episode("a", num_tokens=6, truncated=True)) == pen(episode("a", num_tokens=6)) == -0.5
 
 
 # --------------------------------------------------------------------------------------------- RewardSet.score
@@ -269,9 +268,9 @@ def test_score_shape_and_channel_order():
     assert_close(rev, rewards.flip(1))
 
 
-def test_score_accepts_int_and_leaves_fn_none_at_zero():
-    rs = RewardSet([ChannelSpec("one", lambda e: 1, 1.0), ChannelSpec("kl_penalty", None, 1.0)])
-    assert_close(rs.score([episode("7"), episode("3")])[0], torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+def test_score_accepts_int():
+    rs = RewardSet([ChannelSpec("one", lambda e: 1, 1.0), ChannelSpec("half", lambda e: 0.5, 1.0)])
+    assert_close(rs.score([episode("7"), episode("3")])[0], torch.tensor([[1.0, 0.5], [1.0, 0.5]]))
 
 
 def test_score_channel_that_raises_names_channel_and_sample():
@@ -306,15 +305,15 @@ def hand_batch() -> torch.Tensor:
     g1: no answer            c=0 e=-8 s=0
     g2: hack                 c=1 e=-3 s=-1
     g3: wrong                c=0 e=-5 s=0
-    batch-wise worst per channel: c 0, e -8, s -1.
     """
     return torch.tensor([[[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [1.0, -3.0, -1.0], [0.0, -5.0, 0.0]]])
 
 
-def specs(cond: bool = False, enforce: str | None = None) -> RewardSet:
+def specs(cond: bool = False, enforce: str | None = None, gated_efficiency: float = -20.0) -> RewardSet:
     return RewardSet([
         ChannelSpec("correctness", None, 1.0),
-        ChannelSpec("efficiency", None, 1.0, condition_on="correctness" if cond else None, threshold=1.0),
+        ChannelSpec("efficiency", None, 1.0, condition_on="correctness" if cond else None, threshold=1.0,
+                    gated_value=gated_efficiency),
         ChannelSpec("safety", None, 1.0, enforce=enforce, violation_below=0.0),
     ])
 
@@ -327,12 +326,23 @@ def test_shape_nothing_to_do_is_identity():
     assert stats == {}
 
 
+def test_shape_gdpo_eq8_paper_case():
+    # GDPO Eq. 8: correctness [1, 0, 1, 0], length [1, 1, 1, 1] -> gated length [1, 0, 1, 0] (gated_value 0).
+    # Every rollout meets the easy channel, and the gate still acts: a batch statistic (the old "worst value",
+    # here 1) would have left the length channel constant and the gate without effect.
+    r = torch.tensor([[[1.0, 1.0], [0.0, 1.0], [1.0, 1.0], [0.0, 1.0]]])
+    rs = RewardSet([ChannelSpec("correctness", None, 1.0),
+                    ChannelSpec("length", None, 1.0, condition_on="correctness", threshold=1.0)])
+    shaped, _, _ = rs.shape(r)
+    assert_close(shaped[0, :, 1], torch.tensor([1.0, 0.0, 1.0, 0.0]))
+
+
 def test_shape_condition():
     r = hand_batch()
     shaped, keep, stats = specs(cond=True).shape(r)
-    # g1, g3 fail correctness >= 1: their efficiency becomes the batch minimum -8 (g3: -5 -> -8)
+    # g1, g3 fail correctness >= 1: their efficiency becomes the fixed gated value -20
     expected = r.clone()
-    expected[0, :, 1] = torch.tensor([-2.0, -8.0, -3.0, -8.0])
+    expected[0, :, 1] = torch.tensor([-2.0, -20.0, -3.0, -20.0])
     assert_close(shaped, expected)
     assert keep.all()
     assert stats == {"condition/efficiency/gated_frac": 0.5}
@@ -344,16 +354,17 @@ def test_shape_condition_threshold():
     r = torch.tensor([[[0.0, 3.0], [0.5, 2.0], [1.0, 5.0], [0.2, 4.0]]])
     rs = RewardSet([ChannelSpec("a", None, 1.0), ChannelSpec("b", None, 1.0, condition_on="a", threshold=0.5)])
     shaped, _, stats = rs.shape(r)
-    assert_close(shaped[0, :, 1], torch.tensor([2.0, 2.0, 5.0, 2.0]))
+    assert_close(shaped[0, :, 1], torch.tensor([0.0, 2.0, 5.0, 0.0]))
     assert stats["condition/b/gated_frac"] == 0.5
 
 
 def test_shape_veto():
     r = hand_batch()
     shaped, keep, stats = specs(enforce="veto").shape(r)
-    # g2 violates (safety -1 < 0): gets the worst of every channel (0, -8, -1)
+    # g2 violates (safety -1 < 0): every other channel pays its gated value (correctness 0, efficiency -20);
+    # safety keeps the -1 that shows the violation
     expected = r.clone()
-    expected[0, 2] = torch.tensor([0.0, -8.0, -1.0])
+    expected[0, 2] = torch.tensor([0.0, -20.0, -1.0])
     assert_close(shaped, expected)
     assert keep.all()
     assert stats == {"constraint/safety/violation_frac": 0.25, "constraint/safety/veto_frac": 0.25}
@@ -361,7 +372,7 @@ def test_shape_veto():
 
 def test_shape_condition_and_veto():
     shaped, keep, stats = specs(cond=True, enforce="veto").shape(hand_batch())
-    expected = torch.tensor([[[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [0.0, -8.0, -1.0], [0.0, -8.0, 0.0]]])
+    expected = torch.tensor([[[1.0, -2.0, 0.0], [0.0, -20.0, 0.0], [0.0, -20.0, -1.0], [0.0, -20.0, 0.0]]])
     assert_close(shaped, expected)
     assert keep.all()
     assert stats == {"condition/efficiency/gated_frac": 0.5, "constraint/safety/violation_frac": 0.25,
@@ -376,13 +387,16 @@ def test_shape_drop():
     assert stats == {"constraint/safety/violation_frac": 0.25, "constraint/safety/drop_frac": 0.25}
 
 
-def test_shape_veto_multi_group_uses_batch_worst():
-    # B=2, G=2, K=2 (score, guard). Batch-wise worst: score -4 (group 1), guard -2.
+def test_shape_veto_is_per_rollout_not_a_batch_statistic():
+    # B=2, G=2, K=2 (score with gated_value -5, guard).  Violators get score -5 whatever the batch holds, so a
+    # rollout's shaped rewards do not depend on which other groups share its batch (dynamic sampling relies on it).
     r = torch.tensor([[[1.0, 0.0], [2.0, -1.0]], [[-4.0, 0.0], [3.0, -2.0]]])
-    rs = RewardSet([ChannelSpec("score", None, 1.0), ChannelSpec("guard", None, 1.0, enforce="veto")])
+    rs = RewardSet([ChannelSpec("score", None, 1.0, gated_value=-5.0),
+                    ChannelSpec("guard", None, 1.0, enforce="veto")])
     shaped, keep, stats = rs.shape(r)
     assert keep.all()
-    assert_close(shaped, torch.tensor([[[1.0, 0.0], [-4.0, -2.0]], [[-4.0, 0.0], [-4.0, -2.0]]]))
+    assert_close(shaped, torch.tensor([[[1.0, 0.0], [-5.0, -1.0]], [[-4.0, 0.0], [-5.0, -2.0]]]))
+    assert_close(rs.shape(r[1:])[0], shaped[1:])
     assert stats == {"constraint/guard/violation_frac": 0.5, "constraint/guard/veto_frac": 0.5}
 
 
@@ -429,14 +443,16 @@ def test_build_dapo_adds_overlong():
     rs = build("algo=dapo")
     assert rs.names == ["correctness", "efficiency", "safety", "overlong"]
     overlong = rs.specs[-1].fn
-    assert isinstance(overlong, OverlongPenalty) and overlong.buffer == 2 and overlong.penalty == 1.0
+    assert isinstance(overlong, OverlongPenalty) and overlong.buffer == 2
+    assert rs.specs[-1].shaping and rs.specs[-1].weight == 1.0
+    # The coefficient is the channel's weight (a factor inside the channel would cancel under GDPO).
+    assert build("algo=dapo", "algo.overlong_penalty=0.25").specs[-1].weight == 0.25
 
 
-def test_build_kl_reward_adds_kl_penalty():
-    rs = build("algo=grpo", "algo.kl_coef=0.1", "algo.kl_mode=reward")
-    assert rs.names == ["correctness", "efficiency", "safety", "kl_penalty"]
-    assert rs.specs[-1].fn is None
-    assert "kl_penalty" not in build("algo=grpo", "algo.kl_coef=0.1").names  # kl_mode=loss: no channel
+def test_no_kl_channel():
+    # KL is never a reward channel: in the loss (kl_mode=loss), or PPO's per-token reward (see test_algos).
+    assert build("algo=ppo", "algo.kl_coef=0.1", "algo.kl_mode=reward").names == ["correctness", "efficiency",
+                                                                                "safety"]
 
 
 def test_build_gdpo_conditioned():

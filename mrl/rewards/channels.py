@@ -25,34 +25,38 @@ class RewardError(RuntimeError):
 
 
 class OverlongPenalty:
-    """DAPO's soft overlong punishment: 0 up to `max_new_tokens - buffer` tokens, then falling linearly to
-    `-penalty` at `max_new_tokens` (and -penalty for a truncated episode).
+    """DAPO's soft overlong punishment, on length alone: 0 up to `max_new_tokens - buffer` generated tokens, then
+    falling linearly to -1 at `max_new_tokens`.  An episode that ends on the turn limit is not overlong.
 
-    With max_new_tokens=8, buffer=4, penalty=1: 4 tokens -> 0.0, 6 tokens -> -0.5, 8 tokens -> -1.0.
+    The coefficient (`algo.overlong_penalty`) is the channel's weight, not a factor inside it: under GDPO a factor
+    inside a channel cancels in the channel's normalization, a weight does not.
+    With max_new_tokens=8, buffer=4: 4 tokens -> 0.0, 6 tokens -> -0.5, 8 tokens -> -1.0.
     """
 
-    def __init__(self, buffer: int, penalty: float = 1.0):
-        self.buffer, self.penalty = buffer, penalty
+    def __init__(self, buffer: int):
+        self.buffer = buffer
 
     def __call__(self, episode: Episode) -> float:
-        if episode.truncated:
-            return -self.penalty
         over = episode.num_tokens - (episode.max_new_tokens - self.buffer)
-        return -self.penalty * min(max(over, 0), self.buffer) / self.buffer
+        return -min(max(over, 0), self.buffer) / self.buffer
 
 
 @dataclass
 class ChannelSpec:
     name: str
-    fn: Channel | None  # None: filled in by the trainer (kl_penalty)
+    fn: Channel
     weight: float
     enforce: str | None = None  # veto | drop, for constraints
     kind: str = "reward"  # reward | constraint: a constraint's violations are counted, enforced or not
     violation_below: float = 0.0
     condition_on: str | None = None
     threshold: float = 1.0
-    # Added by the algorithm (overlong, kl_penalty), not by the task: logged and weighted like the others, but a
-    # group is not live just because its rollouts differ in length shaping or KL (DAPO filters on task outcomes).
+    # What the channel pays when its gate is closed: its condition fails (GDPO Eq. 8), or a veto hits the rollout.
+    # A fixed value, never a batch statistic; 0 is the paper's.  A cost channel (negative values) sets one at
+    # least as bad as any real episode's cost, or a gated rollout would look cheap.
+    gated_value: float = 0.0
+    # Added by the algorithm (overlong), not by the task: logged and weighted like the others, but a group is not
+    # live just because its rollouts differ in length shaping (DAPO filters on task outcomes).
     shaping: bool = False
 
 
@@ -86,8 +90,6 @@ class RewardSet:
         rewards = torch.zeros(len(episodes), len(self.specs))
         failed = torch.zeros(len(episodes), dtype=torch.bool)
         for k, spec in enumerate(self.specs):
-            if spec.fn is None:
-                continue
             for n, value, problem in _evaluate(spec, episodes):
                 if problem is not None:
                     if on_error != "drop":
@@ -98,23 +100,24 @@ class RewardSet:
         return rewards, failed
 
     def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
-        """Apply conditions (GDPO Eq. 8) and enforced constraints.
+        """Apply conditions (GDPO Eq. 8) and enforced constraints, rollout by rollout (no batch statistic).
 
         rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats).
-        A gated channel pays the worst value it takes in the batch; a veto gives a violator the worst value of every
-        channel; a drop removes the violator from the losses (it still counts in its group's baseline: it was sampled
-        from the policy like the others).  An abstention (NaN) on the conditioning channel
-        gates; on a constraint it is no violation.
+        A gated channel pays r_k where its condition holds and its fixed `gated_value` elsewhere (GDPO Eq. 8:
+        correctness [1, 0, 1, 0], length [1, 1, 1, 1] -> gated length [1, 0, 1, 0]).  A veto closes every other
+        channel's gate for a violator (each pays its gated_value; the constraint keeps its own value); a drop
+        removes the violator from the losses (it still counts in its group's baseline: it was sampled from the
+        policy like the others).  An abstention (NaN) on the conditioning channel gates; on a constraint it is no
+        violation.
         """
         shaped = rewards.clone()
         keep = torch.ones(rewards.shape[:2], dtype=torch.bool)
         stats: dict[str, float] = {}
-        worst = torch.where(torch.isnan(rewards), torch.inf, rewards).amin(dim=(0, 1))  # [K], abstentions skipped
-        worst = torch.where(torch.isinf(worst), torch.zeros_like(worst), worst)
+        gated = torch.tensor([s.gated_value for s in self.specs], dtype=rewards.dtype)  # [K]
         for k, spec in enumerate(self.specs):
             if spec.condition_on is not None:
                 passed = rewards[..., self.names.index(spec.condition_on)] >= spec.threshold  # [B, G]
-                shaped[..., k] = torch.where(passed, rewards[..., k], worst[k])
+                shaped[..., k] = torch.where(passed, rewards[..., k], gated[k])
                 stats[f"condition/{spec.name}/gated_frac"] = (~passed).float().mean().item()
         for k, spec in enumerate(self.specs):
             if spec.kind != "constraint" and spec.enforce is None:
@@ -124,7 +127,9 @@ class RewardSet:
             if spec.enforce is None:
                 continue
             if spec.enforce == "veto":
-                shaped = torch.where(violated[..., None], worst, shaped)
+                vetoed = torch.where(violated[..., None], gated, shaped)  # every gate closed for a violator
+                vetoed[..., k] = shaped[..., k]  # the constraint keeps the value that shows the violation
+                shaped = vetoed
             else:
                 keep &= ~violated
             stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated.float().mean().item()
@@ -200,11 +205,10 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
                 violation_below=ch.violation_below,
                 condition_on=ch.condition_on,
                 threshold=ch.threshold,
+                gated_value=ch.gated_value,
             )
         )
     if algo_cfg.overlong_buffer > 0:
-        specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer, algo_cfg.overlong_penalty), 1.0,
+        specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer), algo_cfg.overlong_penalty,
                                  shaping=True))
-    if algo_cfg.kl_coef > 0 and algo_cfg.kl_mode.value == "reward":
-        specs.append(ChannelSpec("kl_penalty", None, 1.0, shaping=True))
     return RewardSet(specs)
