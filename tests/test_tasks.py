@@ -231,6 +231,16 @@ def test_code_wrong_expressions_syntax_errors_and_partial_bugs():
     assert Length()(episode(X_PLUS_3, "x + 3", num_tokens=4)) == -4.0  # `x + 3 <eos>`
 
 
+def test_code_an_empty_body_is_not_a_bug_free_program():
+    # The tiny model learned that `return` (an empty completion in the wrap) runs without an error: pass rate 0 but
+    # a perfect bug ratio at the lowest length.  Writing nothing now scores as badly as a syntax error.
+    fenced = Prompt("write f", meta={"tests": ["f(1) == 1"]})
+    pass_rate, bug_ratio = code_scores([episode(X_PLUS_3, ""), episode(X_PLUS_3, "  "), episode(X_PLUS_3, "x"),
+                                        episode(fenced, "```python\n```")])
+    assert pass_rate == [0.0, 0.0, 0.0, 0.0]
+    assert bug_ratio == [-1.0, -1.0, 0.0, -1.0]
+
+
 def test_code_infinite_loop_times_out_and_the_tests_go_on():
     looping = Prompt("write f", meta={"tests": ["f(1) == 1", "f(2) == 2"]})  # no wrap: the completion is the program
     ep = episode(looping, "def f(x):\n    while True:\n        pass\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mrl.episode import Episode
 from mrl.sandbox import SandboxLimits, SandboxResult, run_tests_many
-from mrl.tasks.code import program
+from mrl.tasks.code import is_empty, program
 
 
 class _SandboxRuns:
@@ -56,10 +56,11 @@ class PassRate(_SandboxChannel):
 
 class BugRatio(_SandboxChannel):
     """Minus the share of tests on which the program raised (a syntax error fails them all): `x + 3` -> 0.0,
-    `x +` -> -1.0, `x` (wrong but runs) -> 0.0."""
+    `x +` -> -1.0, `x` (wrong but runs) -> 0.0, and an empty completion -> -1.0: the body `return` (None) runs
+    without an error, and a policy learned to write nothing to collect a perfect bug ratio."""
 
     def __call__(self, episodes: list[Episode]) -> list[float]:
-        return [-r.error_rate for r in self.runs.results(episodes)]
+        return [-1.0 if is_empty(e) else -r.error_rate for e, r in zip(episodes, self.runs.results(episodes))]
 
 
 class Length:

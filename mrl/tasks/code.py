@@ -39,3 +39,9 @@ def program(episode: Episode) -> str:
         return wrap.format(completion=episode.completion.strip())
     fenced = FENCE.search(episode.completion)
     return fenced.group(1) if fenced else episode.completion
+
+
+def is_empty(episode: Episode) -> bool:
+    """True when the completion holds no code: nothing but whitespace, or an empty Markdown fence."""
+    fenced = FENCE.search(episode.completion)
+    return not (fenced.group(1) if fenced else episode.completion).strip()
