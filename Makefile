@@ -8,7 +8,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
-REPROS := collapse scale-dominance dead-groups constraints memory trainers
+REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
 .PHONY: help install train test test-slow lint clean repro $(addprefix repro-,$(REPROS))
 
@@ -56,6 +56,12 @@ repro-memory: $(STAMP) ## Peak memory of one step per preset at equal batch (~2 
 
 repro-trainers: $(STAMP) ## The seven presets x 3 seeds as one multirun: curves, table, steps to target (~10 min)
 	$(BIN)/python -m mrl.repro.trainers
+
+repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs gdpo x 3 seeds: where each switches (~15 min)
+	$(BIN)/python -m mrl.repro.weights
+
+repro-paper: $(STAMP) ## The GDPO paper's three settings (tool_call, math_length, code), grpo vs gdpo x 3 seeds (~20 min)
+	$(BIN)/python -m mrl.repro.paper
 
 repro: $(addprefix repro-,$(REPROS)) ## Every reproduction (SCALE=gpu: a real model)
 

@@ -48,3 +48,25 @@ def test_overall_verdict():
 
 def test_moving_average_is_trailing():
     assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_switch_point_interpolates_in_log_weight():
+    from mrl.repro.weights import switch_point
+
+    weights = [0.1, 1.0, 10.0]
+    # 0.9 -> 0.1 between 0.1 and 1: halfway in correctness, so halfway in log10(weight): 10**-0.5
+    assert switch_point(weights, [0.9, 0.1, 0.1]) == pytest.approx(10**-0.5)
+    assert switch_point(weights, [1.0, 1.0, 0.0]) == pytest.approx(10**0.5)
+    assert switch_point(weights, [1.0, 0.9, 0.8]) is None  # never switches
+    assert switch_point(weights, [0.1, 0.1, 0.1]) is None  # switched before the sweep starts
+
+
+def test_paper_settings_compose_with_their_arms(make_cfg):
+    from mrl.repro.paper import SETTINGS
+
+    for setting in SETTINGS:
+        assert "grpo" in setting.arms and len(setting.arms) >= 2
+        for overrides in setting.arms.values():
+            cfg = make_cfg(f"rewards={setting.rewards}", *overrides)
+            assert {setting.task_channel, setting.constraint_channel} <= set(cfg.rewards.channels)
+            assert set(setting.channels) == set(cfg.rewards.channels)
