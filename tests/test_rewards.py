@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch.testing import assert_close
 
 from mrl.config import RewardsConfig, UserError
-from mrl.episode import Episode, Prompt
+from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import tiny_vocab
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rewards.channels import ChannelSpec, OverlongPenalty, RewardError, RewardSet, build_reward_set
@@ -60,7 +60,7 @@ def agent_episode(*turns: str, calls: tuple[tuple[str, str], ...] = (), eos: boo
     assert not eos or len(turns) == len(calls) + 1  # an <eos> ends a policy turn
     return Episode(prompt=prompt, completion=" ".join(words), completion_ids=[VOCAB[w] for w in words],
                    num_tokens=policy + int(eos), truncated=truncated, max_new_tokens=max_new_tokens,
-                   tool_calls=[{"name": name, "observation": obs} for name, obs in calls], turns=list(turns),
+                   tool_calls=[ToolCall(name, {}, obs) for name, obs in calls], turns=list(turns),
                    observation_tokens=observed)
 
 
@@ -197,7 +197,7 @@ def test_agent_episode_is_consistent():
     assert ep.completion_ids == [VOCAB["w2"], 21, 18, 18, 19, 18, 18, 18, 18, 11]  # lookup 21, | 18, calc 19, 7
     assert (ep.num_tokens, ep.observation_tokens) == (3, 7)  # w2 lookup calc; | | and | | | | 7
     assert ep.num_tokens + ep.observation_tokens == len(ep.completion_ids)  # no <eos>: ended by the tool's digit
-    assert [c["name"] for c in ep.tool_calls] == ["lookup", "calc"] and ep.turns == ["w2", ""]
+    assert [c.name for c in ep.tool_calls] == ["lookup", "calc"] and ep.turns == ["w2", ""]
     assert Correctness()(ep) == 1.0 and Efficiency()(ep) == -10.0 and Safety()(ep) == 0.0
 
 
@@ -434,7 +434,7 @@ def test_build_default():
     assert rs.names == ["correctness", "efficiency", "safety"]
     assert [type(s.fn) for s in rs.specs] == [Correctness, Efficiency, Safety]
     assert all(s.condition_on is None and s.enforce is None for s in rs.specs)
-    assert_close(rs.weights, torch.tensor([1.0, 1.0, 1.0]))
+    assert_close(rs.weights, torch.tensor([1.0, 0.25, 1.0]))  # correctness first: the preset's priorities
     # The default run (algo=gdpo_conditioned) has the same channels.
     assert build().names == ["correctness", "efficiency", "safety"]
 
