@@ -1,9 +1,13 @@
 """Checkpoints: written atomically, found again for `trainer.resume`.
 
 Layout of run_dir/checkpoints/step_000050/:
-  policy/             the policy as an ordinary model directory (model.safetensors, config, tokenizer)
-  value_head.safetensors | critic/ + critic_head.safetensors   (PPO)
-  optimizer.pt (plain PyTorch) or deepspeed/ (DeepSpeed's own checkpoint, optimizer partitions included)
+  policy/             the policy as an ordinary model directory (model.safetensors, config, tokenizer), weights in
+                      model.dtype: what `mrl eval` and users load
+  value_head.safetensors | critic/ + critic_head.safetensors   (PPO; critic/ in model.dtype too)
+  optimizer.pt (plain PyTorch: AdamW's state, and the float32 masters when model.dtype rounds policy/ and critic/)
+  or deepspeed/ (DeepSpeed's own checkpoint: optimizer partitions with their float32 masters)
+A resume loads policy/ (and critic/), then the optimizer's state, whose masters replace the rounded weights: it
+continues exactly whatever model.dtype is (mrl/precision.py).
   rng.pt              Python, NumPy and torch (CPU and CUDA) generator states
   state.json          step and data position
 Each checkpoint is written to a temporary directory and renamed into place, and `latest` is rewritten the same way
@@ -24,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from mrl.config import UserError
+from mrl.precision import save_model_dir
 
 CHECKPOINTS = "checkpoints"
 
@@ -59,7 +64,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
     tmp.mkdir()
     weights = actor.full_state_dict()
     policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
-    actor.module.policy.save_pretrained(tmp / "policy", state_dict=policy_weights)
+    save_model_dir(actor.module.policy, tmp / "policy", policy_weights, actor.precision.export)
     tokenizer.save_pretrained(tmp / "policy")
     head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
     if head:
@@ -68,7 +73,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
     if critic is not None:
         critic_weights = critic.full_state_dict()
         backbone = {k.removeprefix("backbone."): v for k, v in critic_weights.items() if k.startswith("backbone.")}
-        critic.module.backbone.save_pretrained(tmp / "critic", state_dict=backbone)
+        save_model_dir(critic.module.backbone, tmp / "critic", backbone, critic.precision.export)
         save_file({k: v.contiguous() for k, v in critic_weights.items() if k.startswith("value_head.")},
                   tmp / "critic_head.safetensors")
         critic.save_optimizer(tmp / "critic")

@@ -3,6 +3,8 @@
 The loop calls `accumulate(loss, last)` once per micro-batch; the optimizer steps after the last one.  Losses are
 already divided by the mini-batch's size (see mrl/losses.py), so neither path rescales them by the number of
 micro-batches, and that number may change from step to step (DAPO trains on however many live groups it found).
+Whatever `model.dtype` says, the optimizer updates float32 masters (mrl/precision.py): the module itself on the
+plain path, DeepSpeed's partitions in its bf16/fp16 mode.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 from torch import nn
 
 from mrl.config import DeepSpeedConfig
+from mrl.precision import MASTER, Precision, deepspeed_modes, grad_scaler, precision_for
 
 DS_TAG = "deepspeed"
+OPTIMIZER_FILE = "optimizer.pt"
 
 
 def init_single_process_group(device: torch.device) -> None:
@@ -41,8 +45,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def deepspeed_config(cfg: DeepSpeedConfig, micro_batch_size: int, lr: float, weight_decay: float) -> dict[str, Any]:
-    """The dict `deepspeed.initialize` takes, from the `deepspeed/` config group."""
+def deepspeed_config(cfg: DeepSpeedConfig, precision: Precision, micro_batch_size: int, lr: float,
+                     weight_decay: float) -> dict[str, Any]:
+    """The dict `deepspeed.initialize` takes, from the `deepspeed/` config group and the precision policy."""
     zero: dict[str, Any] = {"stage": cfg.stage}
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
@@ -54,7 +59,7 @@ def deepspeed_config(cfg: DeepSpeedConfig, micro_batch_size: int, lr: float, wei
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.gradient_clipping,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.bf16},
+        **deepspeed_modes(precision),
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -75,15 +80,18 @@ def param_groups(module: nn.Module, lr: float, lr_by_prefix: dict[str, float]) -
 
 
 class Trainable:
-    """`module` trained by AdamW, optionally inside a DeepSpeed engine.
+    """`module` (float32, as mrl.models loads it) trained by AdamW, optionally inside a DeepSpeed engine.
 
     `lr_by_prefix` gives parameters whose name starts with a prefix their own learning rate (PPO's value head).
+    `module_dtype` is the dtype of the module's weights as its forward sees them: float32, or bf16/fp16 inside
+    DeepSpeed's bf16/fp16 mode (the masters then live in the engine's optimizer).
     """
 
     def __init__(self, module: nn.Module, lr: float, weight_decay: float, grad_clip: float,
                  ds: DeepSpeedConfig, micro_batch_size: int, device: torch.device,
                  lr_by_prefix: dict[str, float] | None = None):
         self.grad_clip = grad_clip
+        self.precision = precision_for(ds.model_dtype, device)
         params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
             # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run).
@@ -91,18 +99,21 @@ class Trainable:
             import deepspeed
 
             init_single_process_group(device)
-            config = deepspeed_config(ds, micro_batch_size, lr, weight_decay)
+            config = deepspeed_config(ds, self.precision, micro_batch_size, lr, weight_decay)
             optimizer = None if "optimizer" in config else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
             self.engine, self.optimizer, _, _ = deepspeed.initialize(
                 model=module, optimizer=optimizer, model_parameters=params, config=config
             )
             self.module = self.engine.module
             self.zero_stage = ds.stage
+            self.module_dtype = self.precision.compute or MASTER
         else:
             self.engine = None
             self.module = module
             self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+            self.scaler = grad_scaler(self.precision, device)
             self.zero_stage = None
+            self.module_dtype = MASTER
 
     def __call__(self, *args, **kwargs):
         return (self.engine or self.module)(*args, **kwargs)
@@ -115,11 +126,13 @@ class Trainable:
             self.engine.step()
             norm = self.engine.get_global_grad_norm() if last else None
             return float(norm) if norm is not None else None
-        loss.backward()
+        self.scaler.scale(loss).backward()
         if not last:
             return None
+        self.scaler.unscale_(self.optimizer)
         norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # skipped when float16 gradients overflowed
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -132,13 +145,22 @@ class Trainable:
         return {k: v.detach().cpu() for k, v in state.items()}
 
     def save_optimizer(self, directory: Path) -> None:
+        """What the optimizer needs to go on exactly: its moments, the loss scale, and the float32 masters when the
+        checkpoint's model directories round them to model.dtype (DeepSpeed's checkpoint holds all of it)."""
         if self.engine is not None:
             self.engine.save_checkpoint(str(directory), tag=DS_TAG)
-        else:
-            torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+            return
+        rounded = self.precision.export != MASTER
+        torch.save({"optimizer": self.optimizer.state_dict(), "grad_scaler": self.scaler.state_dict(),
+                    "masters": self.module.state_dict() if rounded else None}, directory / OPTIMIZER_FILE)
 
     def load_optimizer(self, directory: Path) -> None:
+        """Restore what `save_optimizer` wrote; the masters replace the rounded weights the module was loaded with."""
         if self.engine is not None:
             self.engine.load_checkpoint(str(directory), tag=DS_TAG)
-        else:
-            self.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=True))
+            return
+        state = torch.load(directory / OPTIMIZER_FILE, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["grad_scaler"])
+        if state["masters"] is not None:
+            self.module.load_state_dict(state["masters"])

@@ -2,7 +2,8 @@
 
 The built-in tiny model goes through the same path as a real one: it is built once from a config with random
 weights, saved as an ordinary model directory (config.json, model.safetensors, tokenizer.json), then loaded back
-with AutoModelForCausalLM / AutoTokenizer.  No network is touched.
+with AutoModelForCausalLM / AutoTokenizer.  No network is touched.  Models load with float32 weights (the masters
+that train) and compute in `model.dtype` where the device has it (mrl/precision.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig, TinyModelSpec, UserError
+from mrl.precision import MASTER, compute_in, precision_for
 
 BUILTIN_TINY = "builtin:tiny"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
@@ -25,7 +27,6 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos
 # meaningful word by chance (as a real LM's huge vocabulary makes any one action rare).
 TASK_WORDS = [str(d) for d in range(10)] + ["add", "max", "min", "=", "|", "calc", "hack", "lookup", "ans", "x",
                                            "+", "*"]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelLoadError(UserError):
@@ -93,8 +94,10 @@ def resolve_model_path(cfg: ModelConfig) -> str:
         spec = cfg.tiny if cfg.tiny is not None else TinyModelSpec()
         return str(tiny_model_dir(TinyModelSpec(**dict(spec))))
     name = os.path.expanduser(cfg.name_or_path)
+    if os.path.isdir(name):  # an existing directory wins over a hub id of the same spelling (models/smollm2-...)
+        return name
     looks_local = name.startswith(("/", "./", "../", "~")) or os.path.isabs(name) or name.count("/") > 1
-    if looks_local and not os.path.isdir(name):
+    if looks_local:
         raise ModelLoadError(
             f"model.name_or_path={cfg.name_or_path!r}: no such directory. Give an existing model directory, "
             f"a hub id such as Qwen/Qwen3-0.6B, or {BUILTIN_TINY}."
@@ -122,10 +125,13 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device) -> nn.Module:
+def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device, weights: torch.dtype = MASTER) -> nn.Module:
+    """The causal LM at `path`, computing per `cfg.dtype` on `device`.  `weights`: float32 for a model that trains;
+    a frozen reference takes the trained module's `module_dtype`, so that both compute alike."""
     from transformers import AutoModelForCausalLM
 
-    kwargs = {"dtype": DTYPES[cfg.dtype]}
+    precision = precision_for(cfg.dtype, device)
+    kwargs = {"dtype": weights}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     try:
@@ -137,7 +143,7 @@ def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device) -> nn.Modu
         ) from err
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    return model.to(device)
+    return compute_in(model.to(device), precision, device)
 
 
 def _zero_linear(hidden_size: int) -> nn.Linear:
@@ -183,7 +189,8 @@ def load_value_model(path: str, cfg: ModelConfig, device: torch.device) -> Value
     """The critic's backbone comes from the same weights as the policy (a checkpoint's critic/ on resume)."""
     from transformers import AutoModel
 
-    backbone = AutoModel.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+    precision = precision_for(cfg.dtype, device)
+    backbone = AutoModel.from_pretrained(path, dtype=MASTER)
     if cfg.gradient_checkpointing:
         backbone.gradient_checkpointing_enable()
-    return ValueModel(backbone).to(device)
+    return ValueModel(compute_in(backbone.to(device), precision, device)).to(device)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import torch
 from conftest import compose_config
 from torch import nn
 
 from mrl.engine import deepspeed_config, param_groups
+from mrl.precision import Precision
+
+FP32 = Precision(compute=None, export=torch.float32)
 
 
 class WithHead(nn.Module):
@@ -28,19 +32,18 @@ def test_no_prefix_gives_one_group():
 def test_deepspeed_presets_become_deepspeed_dicts():
     for stage in (1, 2, 3):
         cfg = compose_config(f"deepspeed=zero{stage}").deepspeed
-        ds = deepspeed_config(cfg, micro_batch_size=4, lr=1e-3, weight_decay=0.0)
+        ds = deepspeed_config(cfg, FP32, micro_batch_size=4, lr=1e-3, weight_decay=0.0)
         assert ds["zero_optimization"] == {"stage": stage}
         assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_clipping"] == 1.0
-        assert ds["bf16"] == {"enabled": False} and "optimizer" not in ds
+        assert ds["bf16"] == ds["fp16"] == {"enabled": False} and "optimizer" not in ds
 
 
 def test_offload_switches_set_cpu_offload_and_deepspeed_adam():
-    cfg = compose_config("deepspeed=zero3", "deepspeed.offload_optimizer=true", "deepspeed.offload_param=true",
-                         "deepspeed.bf16=true").deepspeed
-    ds = deepspeed_config(cfg, micro_batch_size=2, lr=3e-4, weight_decay=0.1)
+    cfg = compose_config("deepspeed=zero3", "deepspeed.offload_optimizer=true", "deepspeed.offload_param=true"
+                         ).deepspeed
+    ds = deepspeed_config(cfg, FP32, micro_batch_size=2, lr=3e-4, weight_decay=0.1)
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
     assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
-    assert ds["bf16"] == {"enabled": True}
     assert ds["optimizer"] == {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}}
 
 

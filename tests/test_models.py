@@ -135,6 +135,14 @@ def test_resolve_missing_local_path(bad):
     assert repr(bad) in str(info.value)
 
 
+def test_an_existing_directory_wins_over_a_hub_id(tmp_path, monkeypatch):
+    (tmp_path / "models" / "smollm2-135m-instruct").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    model_cfg = compose_config().model
+    model_cfg.name_or_path = "models/smollm2-135m-instruct"  # one slash: spelt like a hub id
+    assert resolve_model_path(model_cfg) == "models/smollm2-135m-instruct"
+
+
 def test_resolve_hub_id_is_passed_through():
     model_cfg = compose_config().model
     model_cfg.name_or_path = "Qwen/Qwen3-0.6B"

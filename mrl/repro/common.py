@@ -21,7 +21,7 @@ REPORTS = Path("reports")
 SCALES = {
     "cpu": [],
     "gpu": ["model=qwen2_5_1_5b_instruct", "trainer.max_new_tokens=64", "trainer.lr=1e-6",
-            "trainer.micro_batch_size=16", "deepspeed=zero2", "deepspeed.bf16=true"],
+            "trainer.micro_batch_size=16", "deepspeed=zero2"],
 }
 
 

@@ -39,7 +39,7 @@ def model_state_mb(algo: str, overrides: list[str]) -> float:
     import torch
 
     policy = load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
-    bytes_per = 4 if cfg.model.dtype == "float32" else 2
+    bytes_per = 4  # float32 masters and moments whatever model.dtype says (mrl/precision.py); the reference too
     params = sum(p.numel() for p in policy.parameters())
     trained = params * (2 if ESTIMATORS[cfg.algo.advantage.value].needs_critic and cfg.algo.critic == "model"
                         else 1)
