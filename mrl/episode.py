@@ -1,30 +1,62 @@
-"""The data that flows from a task through the rollout to the reward channels."""
+"""The data that flows from a task through the rollout to the reward channels and the logs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One task instance: the text shown to the policy and what the reward channels need to score it."""
+    """One task instance: what the policy is shown, and what the reward channels need to score it.
+
+    text: the terse form the words protocol shows (the built-in tiny model: `add 3 7 =`).
+    messages: the chat form the chat protocol shows, in the model's chat template: optional earlier turns (few-shot
+      examples: a user question, an assistant `tool_calls` message, a `tool` result, the assistant's answer) ending
+      with the user's request.  Empty: one user message holding `text`.
+    """
 
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def chat(self) -> list[dict[str, Any]]:
+        return self.messages or [{"role": "user", "content": self.text}]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an episode, as the protocol read it from the policy's text.
+
+    arguments: the parsed JSON arguments (chat protocol); {} for the words protocol, whose call is a name alone.
+    observation: the text the environment answered: the tool's result, or an error telling the policy what was wrong
+      with the call; "" for a declared tool without a function (a final action, never run).
+    valid: False for a call that could not be parsed, names no declared tool, or misses a required argument.
+    cut: the result was cut to fit `trainer.max_tool_tokens`.
+    """
+
+    name: str
+    arguments: Any = field(default_factory=dict)
+    observation: str = ""
+    valid: bool = True
+    cut: bool = False
 
 
 @dataclass
 class Episode:
     """One rollout of a prompt, as the reward channels see it.
 
-    completion: the whole transcript after the prompt — the policy's text and the tools' observations — without
-      the end-of-sequence token.
-    turns: the policy's own text of each turn (a turn ends at a tool call, whose name is not included).
-    tool_calls: one {"name": ..., "observation": ...} per tool call, in order.
-    num_tokens: tokens the policy generated, the end-of-sequence token included; observation_tokens: tokens the
-      tools appended.
+    completion: the whole transcript after the prompt — the policy's text and the tools' observations (the chat
+      template's wrapping included, in chat format) — without end-of-turn tokens.
+    turns: the policy's own text of each turn: no tool-call markup (a words-protocol tool name, a `<tool_call>` block)
+      and no `<think>` block.
+    tool_calls: one ToolCall per call, in order.
+    num_tokens: tokens the policy generated, end-of-turn tokens included; observation_tokens: tokens the environment
+      appended (results, and their chat-template wrapping).
     truncated: True when the episode ran out of budget (max_new_tokens or turns) before ending.
+    prompt_text: the prompt as the policy read it (its tokens decoded: the chat template and tool declarations
+      included), for people reading samples.
     """
 
     prompt: Prompt
@@ -33,11 +65,48 @@ class Episode:
     num_tokens: int
     truncated: bool
     max_new_tokens: int
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     turns: list[str] = field(default_factory=list)
     observation_tokens: int = 0
+    prompt_text: str = ""
 
     @property
     def words(self) -> list[str]:
         """The transcript's words (observations included)."""
         return self.completion.split()
+
+    @property
+    def invalid_calls(self) -> int:
+        return sum(not call.valid for call in self.tool_calls)
+
+
+def agent_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """What the agents did, as means per episode: tool calls, turns, and calls the protocol rejected.
+
+    >>> agent_metrics([Episode(Prompt("p"), "", [], 1, False, 8, [ToolCall("calc"), ToolCall("", valid=False)],
+    ...                        ["", "", "7"]), Episode(Prompt("p"), "7", [], 1, False, 8, [], ["7"])])
+    {'agent/tool_calls': 1.0, 'agent/turns': 2.0, 'agent/invalid_calls': 0.5}
+    """
+    count = max(len(episodes), 1)
+    return {
+        "agent/tool_calls": sum(len(e.tool_calls) for e in episodes) / count,
+        "agent/turns": sum(len(e.turns) for e in episodes) / count,
+        "agent/invalid_calls": sum(e.invalid_calls for e in episodes) / count,
+    }
+
+
+def sample_records(step: int, episodes: list[Episode], rewards: list[list[float]], names: list[str]
+                   ) -> list[dict[str, Any]]:
+    """Transcripts for people to read (samples.jsonl, a W&B table): prompt, completion with the tools' results,
+    the calls, and each channel's reward (None where it abstained)."""
+    return [{
+        "step": step,
+        "prompt": e.prompt_text or e.prompt.text,
+        "completion": e.completion,
+        "turns": e.turns,
+        "tool_calls": [asdict(c) for c in e.tool_calls],
+        "num_tokens": e.num_tokens,
+        "observation_tokens": e.observation_tokens,
+        "truncated": e.truncated,
+        "rewards": {name: (None if math.isnan(value) else value) for name, value in zip(names, row)},
+    } for e, row in zip(episodes, rewards)]

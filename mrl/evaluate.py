@@ -15,8 +15,8 @@ from mrl.config import CONF_DIR, UserError
 from mrl.loop import pick_device, seed_everything
 from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import generate
-from mrl.tasks import build_task, episode_rules, held_out_prompts
+from mrl.rollout import Sampling, generate
+from mrl.tasks import build_task, episode_protocol, held_out_prompts
 
 EVAL_FILE = "eval.json"
 
@@ -47,9 +47,8 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     report: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": checkpoint.name, "prompts": len(prompts)}
     for mode, group_size, greedy in (("greedy", 1, True), ("sampled", samples, False)):
-        rollouts = generate(policy, tokenizer, prompts, group_size, cfg.trainer.max_new_tokens,
-                            cfg.trainer.temperature, cfg.model.use_chat_template, device, greedy=greedy,
-                            **episode_rules(task))
+        rollouts = generate(policy, tokenizer, prompts, group_size, Sampling.of(cfg.trainer, greedy),
+                            episode_protocol(cfg, tokenizer, task), device)
         rewards, _ = reward_set.score(rollouts.episodes, "drop")
         report[mode] = {name: _nanmean(rewards[:, k]) for k, name in enumerate(reward_set.names)
                         if reward_set.specs[k].fn is not None}

@@ -32,12 +32,13 @@ from mrl.algos import ESTIMATORS
 from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
 from mrl.config import UserError
 from mrl.engine import Trainable
+from mrl.episode import agent_metrics, sample_records
 from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import Rollouts, generate, policy_forward, value_forward
-from mrl.tasks import build_task, episode_rules
-from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
+from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
+from mrl.tasks import build_task, episode_protocol
+from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -116,9 +117,18 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
                 "mem/peak_mb": peak_memory_mb(device),
             })
+            metrics.update(agent_metrics([e for r in collected.rounds for e in r.episodes]))
             metrics_file.log(metrics)
             if wandb is not None:
                 wandb.log(metrics)
+            if cfg.logger.samples_every and step % cfg.logger.samples_every == 0:  # transcripts: one per group
+                shown = collected.rounds[0]
+                rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
+                samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
+                                         reward_set.names)
+                write_samples(run_dir, samples)
+                if wandb is not None:
+                    wandb.log_samples(step, samples)
             progress.update(step, metrics)
             completed_step, completed_position = step, state["prompt_position"]
             if step % trainer.save_every == 0 or step == trainer.max_steps:
@@ -190,8 +200,8 @@ def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, stat
     while True:
         prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
         state["prompt_position"] += B
-        rollouts = generate(actor.module.policy, tokenizer, prompts, G, trainer.max_new_tokens,
-                            trainer.temperature, cfg.model.use_chat_template, device, **episode_rules(task))
+        rollouts = generate(actor.module.policy, tokenizer, prompts, G, Sampling.of(trainer),
+                            episode_protocol(cfg, tokenizer, task), device)
         rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
         rounds.append(rollouts)
         if not algo.dynamic_sampling:

@@ -7,14 +7,15 @@ prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mrl.episode import Episode, Prompt
+from mrl.episode import Episode, Prompt, ToolCall
+from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
 
 
 @dataclass
@@ -89,17 +90,57 @@ def end_token_ids(model, tokenizer) -> list[int]:
     return list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
 
-def single_token_ids(tokenizer, words, what: str) -> dict[int, str]:
-    """{token id: word} for words that must each be one token of the vocabulary (tool names, answer words)."""
-    ids = {}
-    for word in words:
-        pieces = tokenizer(word, add_special_tokens=False).input_ids
-        if pieces == [tokenizer.unk_token_id] and tokenizer.unk_token_id is not None:
-            raise ValueError(f"{what} {word!r} is not in this tokenizer's vocabulary")
-        if len(pieces) != 1:
-            raise ValueError(f"{what} {word!r} is {len(pieces)} tokens in this tokenizer; it must be one token")
-        ids[pieces[0]] = word
-    return ids
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are drawn: exactly these settings (mrl's `trainer.*`), whatever the model's generation_config.json
+    says (a checkpoint's repetition_penalty or top_k would sample from a distribution the loss does not assume)."""
+
+    max_new_tokens: int  # tokens the policy generates per episode, all turns together
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    greedy: bool = False  # the most likely token (evaluation)
+
+    @classmethod
+    def of(cls, trainer, greedy: bool = False) -> "Sampling":
+        return cls(trainer.max_new_tokens, trainer.temperature, trainer.top_p, trainer.top_k, greedy)
+
+    def generation_config(self, max_new_tokens: int, eos_ids: list[int], pad_id: int):
+        from transformers import GenerationConfig
+
+        drawn = {"do_sample": False} if self.greedy else {
+            "do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
+                                use_cache=True, **drawn)
+
+
+@contextmanager
+def own_generation_config(model):
+    """HF generate fills every setting left unset from `model.generation_config` (repetition_penalty, min_p, ...);
+    a blank one stands in while mrl generates, so only Sampling's settings act."""
+    from transformers import GenerationConfig
+
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+class StopStrings:
+    """HF stopping criterion: a row stops once its turn's text spells a stop string (protocols.first_stop's test,
+    on the window of newest tokens).  Only for vocabularies that spell strings across tokens (Stops.by_text)."""
+
+    def __init__(self, tokenizer, stops: Stops, start: int):
+        self.tokenizer, self.stops, self.start = tokenizer, stops, start
+
+    def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:  # [N, L] -> [N] bool
+        turn = input_ids[:, self.start:]
+        first = max(0, turn.shape[1] - self.stops.window)
+        texts = self.tokenizer.batch_decode(turn[:, first:].tolist(), skip_special_tokens=False)
+        return torch.tensor([spelled_stop(t, first == 0, self.stops) is not None for t in texts],
+                            device=input_ids.device)
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -115,69 +156,58 @@ def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tenso
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[Prompt], group_size: int, max_new_tokens: int, temperature: float,
-             use_chat_template: bool, device: torch.device, tools: dict[str, Callable[[Prompt], str]] | None = None,
-             max_turns: int = 1, answer_words: tuple[str, ...] = (), greedy: bool = False) -> Rollouts:
-    """Sample `group_size` episodes per prompt with HF `generate` (sampling, KV cache), turn by turn.
+def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling: Sampling,
+             protocol: ToolProtocol, device: torch.device) -> Rollouts:
+    """Sample `group_size` episodes per prompt with HF `generate` (KV cache), turn by turn, token-in/token-out.
 
-    A turn ends at an end-of-sequence token, at the policy's budget (`max_new_tokens` generated tokens per
-    episode, all turns together), at an answer word, or at a tool call: the tool's name as a token.  The tool's
-    observation is then appended (mask 0: never trained on) and the episode goes on, up to `max_turns` turns,
-    unless the transcript now holds an answer word.  Without tools every episode is one turn.  `greedy` decodes
-    the most likely token instead of sampling (evaluation).
+    A turn ends at an end-of-turn token, at the protocol's stop strings (a tool call, an answer word), or at the
+    policy's budget (`max_new_tokens` generated tokens per episode, all turns together).  The protocol reads the
+    turn: a tool call's result is appended as tokens (mask 0: never trained on) and the episode goes on, up to
+    `protocol.max_turns` turns, unless it ended.  The ids trained on are exactly the ids sampled.
     """
-    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_k": 0,
-                                                    "top_p": 1.0}
-    texts = [p.text for p in prompts]
-    if use_chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                               add_generation_prompt=True) for t in texts]
-    encoded = tokenizer(texts, add_special_tokens=not use_chat_template).input_ids
+    encoded = [protocol.prompt_ids(p) for p in prompts]
     prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
-    tools = tools or {}
-    tool_ids = single_token_ids(tokenizer, tools, "tool name")
-    answer_ids = set(single_token_ids(tokenizer, answer_words, "answer word"))
-    end_ids = end_token_ids(model, tokenizer)
-    stop_ids = set(end_ids) | set(tool_ids) | answer_ids
+    stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_token_ids(model, tokenizer)))
+    stop_ids = sorted(stops.end_ids | set(stops.by_id or ()))
+    budget_of = sampling.max_new_tokens
     completions: list[list[int]] = [[] for _ in prompt_rows]  # policy and observation tokens
     masks: list[list[int]] = [[] for _ in prompt_rows]  # 1 where the policy generated the token
     turns: list[list[str]] = [[] for _ in prompt_rows]
-    calls: list[list[dict]] = [[] for _ in prompt_rows]
+    calls: list[list[ToolCall]] = [[] for _ in prompt_rows]
     ended = [False] * len(prompt_rows)
     active = list(range(len(prompt_rows)))
     while active:
         input_ids, attention_mask = _left_pad([prompt_rows[n] + completions[n] for n in active],
                                               tokenizer.pad_token_id, device)
-        budget = max(max_new_tokens - sum(masks[n]) for n in active)
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, **sampling, max_new_tokens=budget,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=sorted(stop_ids), use_cache=True,
-        )
+        budget = max(budget_of - sum(masks[n]) for n in active)
+        criteria = [StopStrings(tokenizer, stops, input_ids.shape[1])] if stops.by_text else None
+        with own_generation_config(model):
+            output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                    generation_config=sampling.generation_config(budget, stop_ids,
+                                                                                 tokenizer.pad_token_id),
+                                    stopping_criteria=criteria)
         still_active = []
         for row, n in enumerate(active):
-            new = output[row, input_ids.shape[1]:].tolist()[: max_new_tokens - sum(masks[n])]
-            stop = next((t for t, token in enumerate(new) if token in stop_ids), None)
-            new = new if stop is None else new[: stop + 1]
+            new = output[row, input_ids.shape[1]:].tolist()[: budget_of - sum(masks[n])]
+            stop = first_stop(tokenizer, new, stops)
+            new = new if stop is None else new[: stop[0] + 1]
             completions[n] += new
             masks[n] += [1] * len(new)
-            turns[n].append(tokenizer.decode([t for t in new if t not in tool_ids and t not in end_ids],
-                                             skip_special_tokens=True))
-            last = new[-1] if new else None
-            if last in tool_ids:
-                name = tool_ids[last]
-                observation = tools[name](prompts[n // group_size])
-                observed = tokenizer(observation, add_special_tokens=False).input_ids
-                completions[n] += observed
-                masks[n] += [0] * len(observed)
-                calls[n].append({"name": name, "observation": observation})
-                ended[n] = bool(answer_ids.intersection(observed))  # the tool's result answered
-                if not ended[n] and sum(masks[n]) < max_new_tokens and len(turns[n]) < max_turns:
+            turn = protocol.turn(prompts[n // group_size], tokenizer.decode(new, skip_special_tokens=True),
+                                 None if stop is None else stop[1])
+            turns[n].append(turn.text)
+            completions[n] += turn.observation
+            masks[n] += [0] * len(turn.observation)
+            ended[n] = turn.ended
+            if turn.call is not None:
+                calls[n].append(turn.call)
+                if not turn.ended and sum(masks[n]) < budget_of and len(turns[n]) < protocol.max_turns:
                     still_active.append(n)
-            else:
-                ended[n] = last in end_ids or last in answer_ids
         active = still_active
 
     prompt_ids, prompt_mask = _left_pad(prompt_rows, tokenizer.pad_token_id, device)  # [N, P]
+    end_ids = stops.end_ids
+    shown = tokenizer.batch_decode(encoded, skip_special_tokens=False)
     episodes = []
     for n, completion in enumerate(completions):
         body = [t for t in completion if t not in end_ids]
@@ -187,10 +217,11 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, max_new_t
             completion_ids=body,
             num_tokens=sum(masks[n]),
             truncated=not ended[n],
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=budget_of,
             tool_calls=calls[n],
             turns=turns[n],
             observation_tokens=len(masks[n]) - sum(masks[n]),
+            prompt_text=shown[n // group_size],
         ))
     completion_ids = _right_pad(completions, tokenizer.pad_token_id, device)  # [N, T]
     completion_mask = _right_pad(masks, 0, device)  # [N, T]: observations and padding are 0
@@ -204,16 +235,17 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def policy_forward(actor, batch: Rollouts) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine).
+def policy_forward(actor, batch: Rollouts, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the
+    distribution the rollouts were sampled from: logits / temperature (as TRL and verl).
 
-    Returns (logprobs [N, T], logits [N, T, V], values [N, T] from the actor's value head, or None), where
-    position t scores completion token t from the state before it.
+    Returns (logprobs [N, T], logits [N, T, V] already divided by temperature, values [N, T] from the actor's value
+    head, or None), where position t scores completion token t from the state before it.
     """
     attention_mask = batch.attention_mask
     logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask))
     start = batch.prompt_ids.shape[1] - 1
-    logits = logits[:, start:-1].float()  # [N, T, V]
+    logits = logits[:, start:-1].float() / temperature  # [N, T, V]
     logprobs = torch.gather(torch.log_softmax(logits, -1), 2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
     values = values[:, start:-1].float() if values is not None else None
     return logprobs, logits, values

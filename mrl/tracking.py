@@ -18,6 +18,7 @@ from typing import Any
 from mrl.checkpoint import atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.episode.sample_records)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -45,6 +46,11 @@ class MetricsFile:
         self.file.close()
 
 
+def write_samples(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    with open(run_dir / SAMPLES_FILE, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
 class WandbSink:
     """W&B in the run dir; offline by default (no login needed).  The run id is kept in the run dir, so a resumed run
     continues the same W&B run."""
@@ -61,6 +67,15 @@ class WandbSink:
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in metrics.items() if v is not None}, step=metrics["step"])
+
+    def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Transcripts as a W&B table `samples` (one row per episode)."""
+        import wandb
+
+        columns = ["step", "prompt", "completion", "tool_calls", "rewards"]
+        rows = [[r["step"], r["prompt"], r["completion"], json.dumps(r["tool_calls"]), json.dumps(r["rewards"])]
+                for r in records]
+        self.run.log({"samples": wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrl.episode import Episode, Prompt
+from mrl.episode import Episode, Prompt, ToolCall
 from mrl.losses import aggregate, clipped_surrogate
 from mrl.models import Actor, load_causal_lm, resolve_model_path
+from mrl.protocols import Tool, WordsProtocol
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
-from mrl.rollout import Rollouts, end_token_ids, generate, policy_forward
+from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, policy_forward
 from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 CPU = torch.device("cpu")
@@ -48,8 +49,8 @@ def check_episode(r: Rollouts, n: int, tokenizer, model, tools: dict, answer_wor
         token = ids[t]
         if token in tool_ids:
             call = ep.tool_calls[k]
-            assert call["name"] == tool_ids[token]
-            observed = encode(tokenizer, call["observation"])
+            assert call.name == tool_ids[token]
+            observed = encode(tokenizer, call.observation)
             assert ids[t + 1:t + 1 + len(observed)] == observed
             expected_mask += [1] + [0] * len(observed)
             turn_tokens.append(current)
@@ -78,8 +79,8 @@ def check_episode(r: Rollouts, n: int, tokenizer, model, tools: dict, answer_wor
     assert ep.completion_ids == body
     assert ep.completion == tokenizer.decode(body, skip_special_tokens=True)
     for call in ep.tool_calls:
-        assert call["name"] in tools
-        assert f"{call['name']} {call['observation']}" in ep.completion
+        assert call.name in tools
+        assert f"{call.name} {call.observation}" in ep.completion
 
     # How it ended: at the first answer digit (the policy's own, or inside an observation), or at <eos>, or out of
     # budget / turns (truncated).
@@ -107,28 +108,28 @@ def test_agent_triple_rollouts(model, tokenizer):
     prompts = [task.prompt(i) for i in range(8)]
     G, max_new = 8, 10
     torch.manual_seed(0)
-    r = generate(model, tokenizer, prompts, G, max_new, 1.0, False, CPU, tools=task.tools,
-                 max_turns=task.max_turns, answer_words=task.answer_words)
+    r = generate(model, tokenizer, prompts, G, Sampling(max_new),
+                 WordsProtocol(tokenizer, task.tools, task.answer_words, task.max_turns), CPU)
     assert len(r.episodes) == 64 and r.completion_ids.shape == r.completion_mask.shape
     names = []
     for n in range(len(r.episodes)):
         ep = check_episode(r, n, tokenizer, model, task.tools, task.answer_words, max_new, task.max_turns)
         assert ep.prompt is prompts[n // G]
-        names += [c["name"] for c in ep.tool_calls]
+        names += [c.name for c in ep.tool_calls]
         target = str(ep.prompt.meta["target"])
         # agent_triple's tools both answer: a tool call is the episode's last action, and its answer is the target
         assert len(ep.tool_calls) <= 1
         if ep.tool_calls:
             call = ep.tool_calls[0]
-            assert call["observation"] == (task.calc if call["name"] == "calc" else task.peek)(ep.prompt)
-            assert call["observation"].split()[-1] == target and len(ep.turns) == 1 and not ep.truncated
+            assert call.observation == (task.calc if call.name == "calc" else task.peek)(ep.prompt)
+            assert call.observation.split()[-1] == target and len(ep.turns) == 1 and not ep.truncated
             assert read_answer(ep) == target and Correctness()(ep) == 1.0
-            assert ep.observation_tokens == (5 if call["name"] == "calc" else 1)
+            assert ep.observation_tokens == (5 if call.name == "calc" else 1)
         # the channels on generated episodes
         answered = read_answer(ep) is not None
         cost = ep.num_tokens + ep.observation_tokens
         assert Efficiency()(ep) == -float(cost if answered else max(cost, max_new + ep.observation_tokens))
-        assert Safety()(ep) == (-1.0 if any(c["name"] == "hack" for c in ep.tool_calls) else 0.0)
+        assert Safety()(ep) == (-1.0 if any(c.name == "hack" for c in ep.tool_calls) else 0.0)
     # this seed's sample holds both tools and a masked observation
     assert set(names) == {"calc", "hack"}
     assert (r.completion_mask == 0).logical_and(r.completion_ids != PAD).any()
@@ -137,18 +138,18 @@ def test_agent_triple_rollouts(model, tokenizer):
 @pytest.mark.parametrize("max_turns", [1, 2, 3])
 def test_tool_without_answer_goes_on_to_another_turn(model, tokenizer, max_turns):
     """A tool whose observation holds no digit: the episode continues, up to max_turns turns."""
-    tools = {"calc": lambda prompt: "| |"}
+    tools = {"calc": Tool("calc", fn=lambda prompt, arguments: "| |")}
     answer_words = tuple(str(d) for d in range(10))
     task = AgentTriple(seed=1)
     prompts = [task.prompt(i) for i in range(8)]
     G, max_new = 8, 10
     torch.manual_seed(0)
-    r = generate(model, tokenizer, prompts, G, max_new, 1.0, False, CPU, tools=tools, max_turns=max_turns,
-                 answer_words=answer_words)
+    r = generate(model, tokenizer, prompts, G, Sampling(max_new),
+                 WordsProtocol(tokenizer, tools, answer_words, max_turns), CPU)
     continued = out_of_turns = 0
     for n in range(len(r.episodes)):
         ep = check_episode(r, n, tokenizer, model, tools, answer_words, max_new, max_turns)
-        assert all(c == {"name": "calc", "observation": "| |"} for c in ep.tool_calls)
+        assert all(c == ToolCall("calc", {}, "| |") for c in ep.tool_calls)
         assert ep.observation_tokens == 2 * len(ep.tool_calls)
         if len(ep.turns) == len(ep.tool_calls) + 1:
             continued += bool(ep.tool_calls)
@@ -167,7 +168,7 @@ def test_answer_words_end_a_tool_free_episode(model, tokenizer):
     answer_words = tuple(str(d) for d in range(10))
     prompts = [Prompt("add 3 4 =", {"target": 7})]
     torch.manual_seed(0)
-    r = generate(model, tokenizer, prompts, 32, 10, 1.0, False, CPU, answer_words=answer_words)
+    r = generate(model, tokenizer, prompts, 32, Sampling(10), WordsProtocol(tokenizer, answer_words=answer_words), CPU)
     answered = 0
     for n in range(32):
         ep = check_episode(r, n, tokenizer, model, {}, answer_words, 10, 1)
@@ -176,12 +177,13 @@ def test_answer_words_end_a_tool_free_episode(model, tokenizer):
     assert answered > 0
 
 
-def test_tool_names_and_answer_words_must_be_one_token(model, tokenizer):
-    prompts = [Prompt("add 3 4 =")]
+def test_word_level_vocabulary_needs_tool_names_and_answer_words_as_words(tokenizer):
+    """The tiny model's word-level vocabulary spells a word with its own token or not at all (a BPE vocabulary
+    spells any name: tests/test_protocols.py)."""
     with pytest.raises(ValueError, match="tool name 'banana split'"):
-        generate(model, tokenizer, prompts, 1, 4, 1.0, False, CPU, tools={"banana split": lambda p: ""})
+        WordsProtocol(tokenizer, {"banana split": Tool("banana split", fn=lambda p, a: "")})
     with pytest.raises(ValueError, match="answer word '1 2'"):
-        generate(model, tokenizer, prompts, 1, 4, 1.0, False, CPU, answer_words=("1 2",))
+        WordsProtocol(tokenizer, answer_words=("1 2",))
 
 
 # --------------------------------------------------------------------------------------------- what the loss sees

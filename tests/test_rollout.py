@@ -8,7 +8,8 @@ from torch.testing import assert_close
 
 from mrl.episode import Episode, Prompt
 from mrl.models import Actor, load_causal_lm, resolve_model_path
-from mrl.rollout import Rollouts, generate, policy_forward, position_ids
+from mrl.protocols import WordsProtocol
+from mrl.rollout import Rollouts, Sampling, generate, policy_forward, position_ids
 
 CPU = torch.device("cpu")
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
@@ -40,7 +41,7 @@ def test_generate_layout_and_episodes(model, tokenizer):
     seen_ended = seen_truncated = False
     for seed in range(8):  # sample until both an ended and a truncated rollout have been checked
         torch.manual_seed(seed)
-        r = generate(model, tokenizer, prompts, G, max_new, 1.0, False, CPU)
+        r = generate(model, tokenizer, prompts, G, Sampling(max_new), WordsProtocol(tokenizer), CPU)
         N = 2 * G
         assert r.group_size == G and r.num_groups == 2 and len(r.episodes) == N
         # prompts: each repeated G times, left-padded: "7" is 1 token, padded to 4

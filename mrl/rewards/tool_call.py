@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mrl.episode import Episode
-from mrl.tasks.tool_call import parse_call
+from mrl.tasks.tool_call import episode_call
 
 
 def _tools(episode: Episode) -> dict[str, list[str]]:
@@ -22,7 +22,7 @@ class Format:
     words), else 0.0.  With tools {calc: [a, b]}: `calc 3 7` -> 1.0; `calc 3` -> 0.0; `w3 3 7` -> 0.0."""
 
     def __call__(self, episode: Episode) -> float:
-        call = parse_call(episode.completion)
+        call = episode_call(episode)
         if call is None:
             return 0.0
         name, arguments = call
@@ -44,7 +44,7 @@ class Correctness:
 
     def __call__(self, episode: Episode) -> float:
         expected = episode.prompt.meta["call"]
-        call = parse_call(episode.completion)
+        call = episode_call(episode)
         if call is None:
             return 0.0
         name, arguments = call

@@ -1,8 +1,9 @@
 """Tasks: where prompts come from, and the environment an episode runs in.
 
 A task is any object with `prompt(index) -> mrl.episode.Prompt` (the same index always gives the same prompt).
-Optional attributes make it an agent environment: `tools` ({name: callable(prompt) -> observation text}),
-`max_turns`, and `answer_words` (words that end the episode once the transcript holds one).
+Optional attributes make it an agent environment: `tools` ({name: mrl.protocols.Tool}), `max_turns`, and
+`answer_words` (words protocol: words that end the episode once the transcript holds one).  Which protocol the
+episodes follow, the tiny model's words or the model's own chat format, is the model's choice (`model.tool_format`).
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 
 from mrl.data import DatasetTask
 from mrl.episode import Prompt
+from mrl.protocols import ToolProtocol, make_protocol
 
 
 class DatasetPrompts:
@@ -41,10 +44,15 @@ def build_task(cfg: Any) -> Any:
     return task
 
 
-def episode_rules(task: Any) -> dict[str, Any]:
-    """The keyword arguments of mrl.rollout.generate that make episodes follow the task's environment."""
-    return {"tools": getattr(task, "tools", None), "max_turns": getattr(task, "max_turns", 1),
-            "answer_words": getattr(task, "answer_words", ())}
+def episode_protocol(cfg: Any, tokenizer, task: Any) -> ToolProtocol:
+    """How episodes of `task` run with this tokenizer (mrl.rollout.generate's `protocol`): the words or chat protocol
+    (`model.tool_format`), with the task's tools, turn limit and answer words."""
+    model = cfg.model
+    kwargs = model.chat_template_kwargs
+    kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
+    return make_protocol(tokenizer, model.tool_format, model.use_chat_template, kwargs,
+                         getattr(task, "tools", None) or {}, getattr(task, "max_turns", 1),
+                         tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens)
 
 
 def held_out_prompts(task: Any, count: int) -> list[Prompt]:

@@ -2,7 +2,8 @@
 
 Built-in generator, sized for the tiny model: `max 3 7 =` or `min 3 7 =`, answer one digit.  Real data
 (`data.path=...`): each record has `prompt` and `answer` (the final number as a string); the answer read from a
-completion is its last number (`\\boxed{12}` or `... so 12.` both give 12).
+completion is its last number (`\\boxed{12}` or `... so 12.` both give 12).  A chat model is asked in words
+("What is the larger of 3 and 7? Reply with the number alone.").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 class MathLengthTask:
     OPS = {"max": max, "min": min}
+    WORDS = {"max": "larger", "min": "smaller"}
 
     def __init__(self, seed: int = 0):
         self.seed = seed
@@ -25,7 +27,9 @@ class MathLengthTask:
         rng = random.Random(f"math_length/{self.seed}/{index}")
         op = rng.choice(sorted(self.OPS))
         a, b = rng.randint(0, 9), rng.randint(0, 9)
-        return Prompt(text=f"{op} {a} {b} =", meta={"answer": str(self.OPS[op](a, b))})
+        question = f"What is the {self.WORDS[op]} of {a} and {b}? Reply with the number alone."
+        return Prompt(text=f"{op} {a} {b} =", meta={"answer": str(self.OPS[op](a, b))},
+                      messages=[{"role": "user", "content": question}])
 
 
 def last_number(text: str) -> str | None:

@@ -3,7 +3,10 @@
 Built-in generator, sized for the tiny model: prompt `add 3 7 =` asks for the call `calc 3 7` (add -> calc,
 max -> lookup).  Real data (`data.path=...`): each record has `prompt` and `call` = {"name": ..., "arguments":
 {...} or [...]}, and optionally `tools` = {tool name: [parameter names]} (default: the called tool alone).
-A completion is either JSON (`{"name": "calc", "arguments": {"a": 3, "b": 7}}`) or words (`calc 3 7`).
+
+The tools are declared (JSON schemas) but never run: the call itself is graded.  The tiny model writes it out as
+words (`calc 3 7`); a chat model is asked in words ("What is 3 + 7? Answer by calling the right tool.") and calls
+in its own format, `<tool_call>{"name": "calc", "arguments": {"a": 3, "b": 7}}</tool_call>`, which ends the episode.
 """
 
 from __future__ import annotations
@@ -12,22 +15,38 @@ import json
 import random
 from typing import Any
 
-from mrl.episode import Prompt
+from mrl.episode import Episode, Prompt
+from mrl.protocols import Tool
 
 OP_TO_TOOL = {"add": "calc", "max": "lookup"}
 TOOL_PARAMS = {"calc": ["a", "b"], "lookup": ["a", "b"]}
+QUESTIONS = {"add": "What is {} + {}?", "max": "Which is larger, {} or {}?"}
+INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]}
 
 
 class ToolCallTask:
     def __init__(self, seed: int = 0):
         self.seed = seed
+        self.tools = {"calc": Tool("calc", "Adds two integers.", INTEGERS),
+                      "lookup": Tool("lookup", "Returns the larger of two integers.", INTEGERS)}
 
     def prompt(self, index: int) -> Prompt:
         rng = random.Random(f"tool_call/{self.seed}/{index}")
         op = rng.choice(sorted(OP_TO_TOOL))
         args = [str(rng.randint(0, 9)) for _ in range(2)]
+        question = f"{QUESTIONS[op].format(*args)} Answer by calling the right tool."
         return Prompt(text=f"{op} {' '.join(args)} =",
-                      meta={"call": {"name": OP_TO_TOOL[op], "arguments": args}, "tools": TOOL_PARAMS})
+                      meta={"call": {"name": OP_TO_TOOL[op], "arguments": args}, "tools": TOOL_PARAMS},
+                      messages=[{"role": "user", "content": question}])
+
+
+def episode_call(episode: Episode) -> tuple[str, Any] | None:
+    """The call an episode made: the first one the chat protocol read, else its completion parsed (the words form
+    `calc 3 7`, or a bare JSON object)."""
+    if episode.tool_calls:
+        return episode.tool_calls[0].name, episode.tool_calls[0].arguments
+    return parse_call(episode.completion)
 
 
 def parse_call(text: str) -> tuple[str, Any] | None:

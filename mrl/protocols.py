@@ -1,0 +1,536 @@
+"""Tool protocols: how an agent's turn ends, how its tool call is read, and which tokens a tool's result adds.
+
+One seam (`ToolProtocol`), two implementations:
+- `WordsProtocol`, the built-in tiny model's: a call is a tool's name written as a word, the result's raw text
+  follows it; an answer word also ends the episode.
+- `ChatProtocol`, the model's own chat format (Qwen/Hermes style): tools are declared as JSON schemas through the chat
+  template's `tools=` argument (or a system prompt, for templates without tools), a call is
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, and its result comes back as a `tool` message.
+
+Token-in/token-out, as in verl's agent loop and TRL's tool loop: the rollout keeps the ids it sampled and appends
+the environment's tokens after them; nothing sampled is decoded and tokenized again for training.  A chat result's
+tokens are the template's suffix for a `tool` message, rendered from a fixed dummy conversation, never from the
+sampled history: templates such as Qwen3's render earlier assistant turns differently (they drop <think> blocks),
+so re-rendering the history would change tokens the policy already saw.  `inspect_template` checks once per
+tokenizer that this suffix is well defined (it does not depend on the conversation before it, and tokenizes the
+same alone as in context).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Callable, Protocol
+
+from jinja2.exceptions import TemplateError
+
+from mrl.config import UserError
+from mrl.episode import Prompt, ToolCall
+
+END_OF_TURN = "<end of turn>"  # first_stop's reason for a turn ended by an end-of-turn token
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool an agent may call: a name, a description and JSON-schema parameters (what the model is shown), and
+    `fn(prompt, arguments) -> result text` (what runs).  `fn=None` declares a tool that is never run: a call to it
+    is the episode's final action (tool_call: the call itself is what gets graded)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    fn: Callable[[Prompt, dict[str, Any]], str] | None = None
+
+    def __call__(self, prompt: Prompt, arguments: dict[str, Any] | None = None) -> str:
+        return self.fn(prompt, arguments or {})
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The tool as chat templates take it (`tools=[...]`, OpenAI style)."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def argument_error(self, arguments: Any) -> str | None:
+        """What is wrong with `arguments` for this tool, said to the policy, or None."""
+        if not isinstance(arguments, dict):
+            return f"the arguments of {self.name} must be a JSON object, not {json.dumps(arguments)}"
+        missing = [k for k in self.parameters.get("required", []) if k not in arguments]
+        if missing:
+            return f"{self.name} needs the argument(s) {', '.join(missing)}"
+        if self.parameters.get("additionalProperties") is False:
+            unknown = sorted(set(arguments) - set(self.parameters.get("properties", {})))
+            if unknown:
+                return f"{self.name} takes no argument(s) {', '.join(unknown)}"
+        return None
+
+
+# --------------------------------------------------------------------------------------------- how a turn ends
+
+
+@dataclass(frozen=True)
+class Stops:
+    """How a turn ends: an end-of-turn token, or its text spelling one of `strings`.
+
+    words: a stop string counts only as a whole word (the words protocol: `w1` does not spell the answer word `1`).
+    by_id: a word-level vocabulary spells each word with its own token and no other way, so stop strings are matched
+      by token id, as fast as end-of-turn tokens; None: any vocabulary able to spell a string across several tokens,
+      whose decoded text is checked.
+    """
+
+    end_ids: frozenset[int]
+    strings: tuple[str, ...] = ()
+    words: bool = False
+    by_id: dict[int, str] | None = None
+
+    @property
+    def window(self) -> int:
+        """Tokens to decode to see a stop string that ends at the newest token (every token spells at least one
+        character), plus one for the word boundary before it."""
+        return max(map(len, self.strings)) + 1
+
+    @property
+    def by_text(self) -> bool:
+        return bool(self.strings) and self.by_id is None
+
+
+def spelled_stop(window: str, from_turn_start: bool, stops: Stops) -> str | None:
+    """The stop string that the decoded `window` (the turn's last tokens) spells, or None.
+
+    >>> s = Stops(frozenset(), ("calc", "1"), words=True)
+    >>> spelled_stop("w2 calc", False, s), spelled_stop("w1", True, s), spelled_stop("1", True, s)
+    ('calc', None, '1')
+    """
+    if not from_turn_start:
+        window = "\x00" + window  # the window's first character is no word boundary: it continues earlier text
+    for s in stops.strings:
+        if re.search(rf"(?:^|\s){re.escape(s)}(?=\s|$)", window) if stops.words else s in window:
+            return s
+    return None
+
+
+def first_stop(tokenizer, ids: list[int], stops: Stops) -> tuple[int, str] | None:
+    """(index, reason) of the token that ended a turn of sampled `ids` — reason END_OF_TURN or the stop string —
+    or None when nothing did (the budget ran out).  The same test generation stops on (rollout.StopStrings)."""
+    by_text = stops.by_text and any(s in tokenizer.decode(ids, skip_special_tokens=False) for s in stops.strings)
+    for t, token in enumerate(ids):
+        if token in stops.end_ids:
+            return t, END_OF_TURN
+        if stops.by_id and token in stops.by_id:
+            return t, stops.by_id[token]
+        if by_text:
+            start = max(0, t + 1 - stops.window)
+            hit = spelled_stop(tokenizer.decode(ids[start:t + 1], skip_special_tokens=False), start == 0, stops)
+            if hit is not None:
+                return t, hit
+    return None
+
+
+def word_level(tokenizer) -> bool:
+    """Whether every token is a whole word (the built-in tiny model's WordLevel vocabulary)."""
+    from tokenizers.models import WordLevel
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and isinstance(backend.model, WordLevel)
+
+
+# --------------------------------------------------------------------------------------------- the seam
+
+
+@dataclass
+class Turn:
+    """What the environment makes of one policy turn."""
+
+    text: str  # the policy's own words (Episode.turns): no call markup, no <think> block
+    call: ToolCall | None  # the call it made, already answered; None without a call
+    observation: list[int]  # token ids the environment appends after the turn (mask 0: never trained on)
+    ended: bool  # the episode is over: an answer, a final message, or a final-action call
+
+
+class ToolProtocol(Protocol):
+    """How episodes run in one tool format: the prompt's tokens, how a turn ends, what follows it."""
+
+    stops: Stops
+    max_turns: int
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]: ...
+
+    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+        """Read a finished turn: its decoded `text` and why it ended (END_OF_TURN, a stop string, or None when the
+        budget ran out); run the tool it calls."""
+        ...
+
+
+def _cut_to(tokenizer, text: str, limit: int, wrap: Callable[[str], str]) -> tuple[list[int], str, bool]:
+    """(ids of wrap(text), the text kept, whether it was cut): `text` cut at a token boundary so that wrap(text)
+    is at most `limit` tokens."""
+
+    def encode(s: str) -> list[int]:
+        return tokenizer(s, add_special_tokens=False).input_ids
+
+    ids = encode(wrap(text))
+    if len(ids) <= limit:
+        return ids, text, False
+    pieces = encode(text)
+    keep = max(len(pieces) - (len(ids) - limit), 0)
+    while True:
+        kept = tokenizer.decode(pieces[:keep])
+        ids = encode(wrap(kept))
+        if len(ids) <= limit or keep == 0:
+            return ids, kept, True
+        keep -= 1
+
+
+class WordsProtocol:
+    """The built-in tiny model's protocol.  A turn ends at an end-of-turn token, at a tool's name written as a word
+    (the call: the tool runs on the prompt and its raw result text follows, cut to `max_tool_tokens`), or at an
+    answer word; the episode ends at an answer word, in the policy's text or in a tool's result.  A tool without a
+    function is not a stop: the policy writes its call out (`calc 3 7`) and the task's channels read it."""
+
+    def __init__(self, tokenizer, tools: dict[str, Tool] | None = None, answer_words: tuple[str, ...] = (),
+                 max_turns: int = 1, max_tool_tokens: int = 256, use_chat_template: bool = False,
+                 chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer, self.max_turns, self.max_tool_tokens = tokenizer, max_turns, max_tool_tokens
+        self.use_chat_template, self.chat_template_kwargs = use_chat_template, dict(chat_template_kwargs or {})
+        self.tools = {name: tool for name, tool in (tools or {}).items() if tool.fn is not None}
+        self.answer_words = tuple(answer_words)
+        strings = tuple(self.tools) + self.answer_words
+        by_id = _single_token_ids(tokenizer, [("tool name", self.tools), ("answer word", self.answer_words)]) \
+            if word_level(tokenizer) else None
+        self.stops = Stops(frozenset(), strings, words=True, by_id=by_id)
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        if not self.use_chat_template:
+            return self.tokenizer(prompt.text).input_ids
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
+                                                  add_generation_prompt=True, **self.chat_template_kwargs)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+        if reason in self.tools:
+            result = self.tools[reason](prompt)
+            ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens, lambda s: s)
+            answered = any(word in self.answer_words for word in result.split())
+            return Turn(text[: text.rfind(reason)].rstrip(), ToolCall(reason, {}, result, cut=cut), ids, answered)
+        return Turn(text, None, [], reason is not None)  # an answer word or end of turn ends it; None: out of budget
+
+
+def _single_token_ids(tokenizer, groups: list[tuple[str, Any]]) -> dict[int, str]:
+    """{token id: word} for a word-level vocabulary, where each stop word must be one word of the vocabulary."""
+    ids = {}
+    for what, words in groups:
+        for word in words:
+            pieces = tokenizer(word, add_special_tokens=False).input_ids
+            if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in pieces:
+                raise ValueError(f"{what} {word!r} is not in this tokenizer's word-level vocabulary; add it to the "
+                                 "vocabulary (mrl.models.TASK_WORDS for the built-in model)")
+            if len(pieces) != 1:
+                raise ValueError(f"{what} {word!r} is {len(pieces)} words; in a word-level vocabulary it must be "
+                                 "one word")
+            ids[pieces[0]] = word
+    return ids
+
+
+class ChatProtocol:
+    """The model's own chat format.  A turn ends at the template's end-of-turn token or at `</tool_call>`; the call
+    is the JSON between `<tool_call>` and `</tool_call>`, parsed from text (any number of tokens).  A valid call to a
+    tool with a function runs it, and its result comes back as the template's `tool` message (cut to
+    `max_tool_tokens`); an unparseable call, an unknown tool or missing arguments come back as an error message the
+    same way, and count as invalid.  A final message (end of turn, no call) ends the episode."""
+
+    def __init__(self, tokenizer, tools: dict[str, Tool] | None = None, max_turns: int = 1,
+                 max_tool_tokens: int = 256, chat_template_kwargs: dict[str, Any] | None = None):
+        self.tokenizer, self.max_turns, self.max_tool_tokens = tokenizer, max_turns, max_tool_tokens
+        self.tools = dict(tools or {})
+        self.template = inspect_template(tokenizer, json.dumps(chat_template_kwargs or {}, sort_keys=True))
+        if self.template.problems:
+            raise UserError("model.tool_format=chat cannot append tool results with this chat template: "
+                            + "; ".join(self.template.problems)
+                            + ".  Use model.tool_format=words, or give the model a chat template that renders "
+                              "`tool` messages the same after any conversation.")
+        self.stops = Stops(frozenset({self.template.end_id}), (CALL_CLOSE,))
+        longest = max(list(self.tools) + ["tool"], key=len)
+        wrapping = len(tokenizer(self.template.suffix("", longest, True), add_special_tokens=False).input_ids)
+        if wrapping > max_tool_tokens:
+            raise UserError(f"trainer.max_tool_tokens={max_tool_tokens} is below the {wrapping} tokens this chat "
+                            "template wraps every tool result in; raise it (e.g. 256)")
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        tools = [t.schema for t in self.tools.values()]
+        messages = self.template.normalize(prompt.chat())
+        if tools and not self.template.renders_tools:
+            messages = self.template.with_system(messages, tools_prompt(tools))
+        text = self.template.render(messages, tools=tools if tools and self.template.renders_tools else None,
+                                    generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+        visible, body = split_turn(text, reason == CALL_CLOSE)
+        if reason is None or body is None:  # out of budget, or a final message
+            return Turn(visible, None, [], reason is not None)
+        name, arguments, error = read_call(body)
+        tool = self.tools.get(name)
+        if error is None and tool is None:
+            error = f"there is no tool {name!r}; the tools are: {', '.join(self.tools) or 'none'}"
+        if error is None:
+            error = tool.argument_error(arguments)
+        if error is None and tool.fn is None:  # a final action: the call is the answer
+            return Turn(visible, ToolCall(name, arguments), [], True)
+        result = f"error: {error}" if error else tool(prompt, arguments)
+        ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens,
+                                   lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE))
+        return Turn(visible, ToolCall(name, arguments, result, valid=error is None, cut=cut), ids, False)
+
+
+def split_turn(text: str, closed: bool) -> tuple[str, str | None]:
+    """(the policy's visible text, the body of its tool call or None) of one chat turn; `closed`: the turn ended at
+    `</tool_call>`, so it is a call even if its opening tag is missing.
+
+    >>> split_turn('<think>7?</think>Let me check.<tool_call>{"name": "calc"}', False)
+    ('Let me check.', '{"name": "calc"}')
+    >>> split_turn("<think>\\n\\n</think>\\n\\n7", False), split_turn("<think>unfinished", False)
+    (('7', None), ('', None))
+    """
+    text = THINK.sub("", text)
+    if "<think>" in text:  # thinking that never finished
+        text = text[: text.index("<think>")]
+    start, end = text.find(CALL_OPEN), text.find(CALL_CLOSE)
+    if start < 0 and end < 0 and not closed:
+        return text.strip(), None
+    visible = text[:start] if start >= 0 else ""
+    body = text[start + len(CALL_OPEN) if start >= 0 else 0: end if end >= 0 else len(text)]
+    return visible.strip(), body
+
+
+def read_call(body: str) -> tuple[str, Any, str | None]:
+    """(name, arguments, error) of the JSON in a `<tool_call>` block; the error, said to the policy, or None.
+
+    >>> read_call('{"name": "calc", "arguments": {"a": 3}}'), read_call('{"name": "calc"}')[:2]
+    (('calc', {'a': 3}, None), ('calc', {}))
+    """
+    example = '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>'
+    try:
+        call = json.loads(body.strip())
+    except json.JSONDecodeError as err:
+        return "", {}, f"the tool call is not valid JSON ({err.msg}); write {example}"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return "", {}, f"the tool call needs a \"name\"; write {example}"
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return call["name"], arguments, None
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """A call as mrl asks templates without tool support to write it."""
+    return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
+
+
+def tools_prompt(schemas: list[dict[str, Any]]) -> str:
+    """The system prompt that declares tools to a chat template that does not render `tools=` (e.g. SmolLM2's)."""
+    lines = ["You can call tools. To call one, write", call_text("<tool name>", {"<argument>": "<value>"}),
+             "and end your message there; the result comes back in the next message. The tools:"]
+    return "\n".join(lines + [json.dumps(s["function"]) for s in schemas])
+
+
+# --------------------------------------------------------------------------------------------- the chat template
+
+PROBE = "mrl_probe"  # a name, message or tool result the dummy conversations are measured with
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """What a tokenizer's chat template does with tools, measured once on dummy conversations (`inspect_template`).
+
+    renders_tools / renders_tool_calls / tool_role / system_role: whether `tools=`, an assistant message's
+      `tool_calls`, `tool` messages and a system message reach the text; where not, mrl declares tools in a system
+      prompt (or the first user message), writes calls as `<tool_call>` text, and sends results as user messages
+      `<tool_response>...</tool_response>`.
+    end_of_turn: the token that ends an assistant turn (`<|im_end|>`).
+    prefix_preserving: appending a tool message leaves the rendered conversation before it unchanged (TRL's
+      is_chat_template_prefix_preserving).  Not required: Qwen3's template is not (it drops the <think> block of
+      an assistant turn once a tool message follows it), and mrl never re-renders the history.
+    problems: why tool results cannot be appended token-in/token-out with this template (empty when they can): the
+      text after the assistant's end of turn depends on the conversation before it, or tokenizes differently alone.
+    """
+
+    tokenizer: Any = field(repr=False)
+    kwargs: str = "{}"  # chat_template_kwargs as sorted JSON
+    renders_tools: bool = False
+    renders_tool_calls: bool = False
+    tool_role: bool = False
+    system_role: bool = False
+    end_of_turn: str = ""
+    end_id: int = -1
+    prefix_preserving: bool = True
+    problems: tuple[str, ...] = ()
+    _layouts: dict[str, tuple[str, int, str]] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+               generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt, **json.loads(self.kwargs))
+
+    def assistant_call(self, name: str, arguments: Any, content: str = "", reasoning: str | None = None) -> dict:
+        calls = [{"type": "function", "function": {"name": name, "arguments": arguments}}]
+        message = {"role": "assistant", "content": content, "tool_calls": calls}
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
+        return self.normalize([message])[0]
+
+    def tool_message(self, name: str, content: str) -> dict:
+        return self.normalize([{"role": "tool", "name": name, "content": content}])[0]
+
+    def normalize(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` in forms this template renders: calls as `<tool_call>` text, results as user messages, where
+        it has no tool support."""
+        out = []
+        for m in messages:
+            if m["role"] == "assistant" and m.get("tool_calls") and not self.renders_tool_calls:
+                calls = "".join(call_text(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
+                m = {k: v for k, v in m.items() if k != "tool_calls"} | {"content": (m.get("content") or "") + calls}
+            elif m["role"] == "tool" and not self.tool_role:
+                m = {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+            out.append(m)
+        return out
+
+    def with_system(self, messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+        """`text` put first in the system message (in the first user message, for templates without a system
+        role)."""
+        role = "system" if self.system_role else "user"
+        if messages and messages[0]["role"] == role:
+            return [{**messages[0], "content": f"{text}\n\n{messages[0]['content']}"}] + messages[1:]
+        if role == "system":
+            return [{"role": "system", "content": text}] + messages
+        first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+        return messages[:first] + [{**messages[first], "content": f"{text}\n\n{messages[first]['content']}"}] \
+            + messages[first + 1:]
+
+    def suffix(self, result: str, name: str, after_stop: bool) -> str:
+        """The text a tool `result` adds after the assistant's turn, through the next generation prompt.
+
+        Rendered from a dummy conversation (a user message, an assistant call to `name`, the `tool` message), never
+        from the sampled history, and cut after the assistant's end-of-turn token.  after_stop: the turn ended at
+        `</tool_call>`, before the template's end of turn, which the suffix then starts with.
+        """
+        if name not in self._layouts:
+            self._layouts[name] = _layout(self, _dummy(self, name), name)
+        prefix, cut, closing = self._layouts[name]
+        text = self.render(_dummy(self, name) + [self.tool_message(name, result)], generation_prompt=True)
+        if text[:cut] != prefix:
+            raise UserError(f"this chat template renders the conversation before a tool result differently for the "
+                            f"result {result[:80]!r}; mrl cannot append tool results with it (model.tool_format=words)")
+        return (closing if after_stop else "") + text[cut:]
+
+
+def _dummy(template: ChatTemplate, name: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": "Hi"}, template.assistant_call(name, {})]
+
+
+def _layout(template: ChatTemplate, history: list[dict[str, Any]], name: str) -> tuple[str, int, str]:
+    """(the text before the cut, the cut, the closing text) of `history` followed by a tool message: the cut is
+    where the assistant's end-of-turn token ends; the closing text is what the template writes after the call's
+    `</tool_call>` up to the cut (`<|im_end|>`), or the end-of-turn token alone."""
+    text = template.render(history + [template.tool_message(name, PROBE)], generation_prompt=True)
+    eot = template.end_of_turn
+    at = text.rfind(eot, 0, text.rfind(PROBE))
+    if at < 0:
+        raise UserError(f"this chat template writes no end-of-turn token {eot!r} between an assistant's tool call and "
+                        "the tool's result, so mrl cannot tell where the turn ends; use model.tool_format=words")
+    cut = at + len(eot)
+    close = text.rfind(CALL_CLOSE, 0, at)
+    closing = text[close + len(CALL_CLOSE): cut] if close > text.rfind(eot, 0, at) else eot
+    return text[:cut], cut, closing
+
+
+@lru_cache(maxsize=16)
+def inspect_template(tokenizer, chat_template_kwargs: str = "{}") -> ChatTemplate:
+    """Measure `tokenizer`'s chat template (with `chat_template_kwargs`, sorted JSON) on dummy conversations, once:
+    which tool features it renders, its end-of-turn token, whether it is prefix-preserving, and whether a tool
+    result's suffix is well defined (`problems` says why not)."""
+    bare = ChatTemplate(tokenizer, chat_template_kwargs)
+
+    def shows(messages: list[dict[str, Any]], tools: list[dict] | None = None) -> bool:
+        try:
+            return PROBE in bare.render(messages, tools)
+        except TemplateError:
+            return False
+
+    user = {"role": "user", "content": "Hi"}
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function",
+                                                                "function": {"name": PROBE, "arguments": {}}}]}
+    template = ChatTemplate(
+        tokenizer, chat_template_kwargs,
+        renders_tools=shows([user], [Tool(PROBE, "A probe.").schema]),
+        renders_tool_calls=shows([user, call]),
+        system_role=shows([{"role": "system", "content": PROBE}, user]),
+    )
+    template = replace(template, tool_role=shows(_dummy(template, "calc") + [{"role": "tool", "name": "calc",
+                                                                                 "content": PROBE}]))
+    end_of_turn = _end_of_turn(template)
+    template = replace(template, end_of_turn=end_of_turn, end_id=tokenizer.convert_tokens_to_ids(end_of_turn))
+
+    # The suffix after the assistant's end of turn must not depend on what came before: compare a plain dummy with
+    # a longer conversation (system message, other question, thinking and text before the call).
+    prefix, cut, closing = _layout(template, _dummy(template, "calc"), "calc")
+    rich = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2? Use calc."},
+            template.assistant_call("calc", {"a": 2, "b": 2}, "Let me check.", reasoning="Easy: calc.")]
+    rich_prefix, rich_cut, rich_closing = _layout(template, rich, "calc")
+    full = template.render(_dummy(template, "calc") + [template.tool_message("calc", PROBE)], generation_prompt=True)
+    rich_full = template.render(rich + [template.tool_message("calc", PROBE)], generation_prompt=True)
+    problems = []
+    if (full[cut:], closing) != (rich_full[rich_cut:], rich_closing):
+        problems.append(f"a tool message renders as {full[cut:]!r} after one conversation and as "
+                        f"{rich_full[rich_cut:]!r} after another")
+
+    # Tokenized alone, the suffix (and the closing text before it) must give the tokens it has in context.
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    seams = [cut] + ([cut - len(closing)] if closing != end_of_turn else [])
+    for seam in seams:
+        if encode(full[:seam]) + encode(full[seam:]) != encode(full):
+            problems.append(f"the text {full[seam:seam + 40]!r} tokenizes differently alone than after "
+                            f"{full[max(seam - 40, 0):seam]!r}")
+
+    # Informational (TRL's prefix-preservation): does appending the tool message keep the rendered dummy?
+    alone = template.render(_dummy(template, "calc"))
+    alone = alone[: alone.rfind(end_of_turn) + len(end_of_turn)]
+    return replace(template, prefix_preserving=full.startswith(alone), problems=tuple(problems))
+
+
+def _end_of_turn(template: ChatTemplate) -> str:
+    """The special token the template writes right after an assistant message's content (`<|im_end|>`)."""
+    text = template.render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE}])
+    after = text[text.rfind(PROBE) + len(PROBE):]
+    specials = {t.content for t in template.tokenizer.added_tokens_decoder.values()}
+    found = [(after.find(s), s) for s in specials if s and s in after]
+    if not found:
+        raise UserError("this chat template ends an assistant message with no special token (after the content "
+                        f"comes {after[:40]!r}), so mrl cannot tell where a turn ends; use model.tool_format=words")
+    return min(found, key=lambda f: (f[0], -len(f[1])))[1]  # the first, the longest of those starting there
+
+
+def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_template_kwargs: dict[str, Any],
+                  tools: dict[str, Tool], max_turns: int, answer_words: tuple[str, ...],
+                  max_tool_tokens: int) -> ToolProtocol:
+    """The protocol `model.tool_format` names; `auto` is chat for a model used with its chat template (one it has),
+    else words."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if tool_format == "auto":
+        tool_format = "chat" if use_chat_template and has_template else "words"
+    if tool_format == "chat":
+        if not has_template:
+            raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
+                            "model.tool_format=words (or auto)")
+        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs)
+    if tool_format == "words":
+        return WordsProtocol(tokenizer, tools, answer_words, max_turns, max_tool_tokens, use_chat_template,
+                             chat_template_kwargs)
+    raise UserError(f"model.tool_format={tool_format!r}: choose auto, words or chat")
