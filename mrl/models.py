@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig, TinyModelSpec, UserError
+from mrl.local_models import BUILT_LOCALLY
 from mrl.precision import MASTER, compute_in, precision_for
 
 BUILTIN_TINY = "builtin:tiny"
@@ -96,6 +97,9 @@ def resolve_model_path(cfg: ModelConfig) -> str:
     name = os.path.expanduser(cfg.name_or_path)
     if os.path.isdir(name):  # an existing directory wins over a hub id of the same spelling (models/smollm2-...)
         return name
+    if name in BUILT_LOCALLY:
+        raise ModelLoadError(f"model.name_or_path={cfg.name_or_path!r} is built on this machine: run "
+                             f"`{BUILT_LOCALLY[name]}` first (no hub needed)")
     looks_local = name.startswith(("/", "./", "../", "~")) or os.path.isabs(name) or name.count("/") > 1
     if looks_local:
         raise ModelLoadError(
