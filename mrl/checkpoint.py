@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from mrl.config import UserError
+from mrl.engine import DS_TAG, OPTIMIZER_FILE
 from mrl.precision import save_model_dir
 
 CHECKPOINTS = "checkpoints"
@@ -84,6 +85,21 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
     os.replace(tmp, final)
     atomic_write_text(root / "latest", final.name)
     return final
+
+
+def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The actor's weights in `checkpoint` at full precision, keyed as in mrl.models.Actor (`policy.*`): DeepSpeed's
+    float32 masters, the masters in optimizer.pt, or policy/ itself when model.dtype did not round it."""
+    if (checkpoint / DS_TAG).is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=DS_TAG)
+    masters = torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"]
+    if masters is not None:
+        return masters
+    from safetensors.torch import load_file
+
+    return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

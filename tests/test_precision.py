@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 import mrl.engine
 import mrl.models
-from mrl.checkpoint import latest_checkpoint
+from mrl.checkpoint import latest_checkpoint, trained_weights
 from mrl.config import UserError
 from mrl.engine import OPTIMIZER_FILE, Trainable, deepspeed_config
 from mrl.loop import train
@@ -162,7 +162,8 @@ def test_loop_trains_masters_and_exports_bf16(make_cfg, tmp_path):
     init = layer_weights(load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU).state_dict())
     train(cfg, tmp_path)
     ckpt = latest_checkpoint(tmp_path)
-    masters = torch.load(ckpt / OPTIMIZER_FILE, weights_only=True)["masters"]
+    masters = trained_weights(ckpt)  # from optimizer.pt: policy/ is rounded
+    assert masters.keys() == torch.load(ckpt / OPTIMIZER_FILE, weights_only=True)["masters"].keys()
     trained = layer_weights({k.removeprefix("policy."): v for k, v in masters.items()})
     assert all(v.dtype == torch.float32 for v in masters.values())
     assert moved_fraction(init, trained) >= 0.9
@@ -195,3 +196,17 @@ def test_bf16_resume_is_exact(make_cfg, tmp_path):
     full = torch.load(latest_checkpoint(tmp_path / "full") / OPTIMIZER_FILE, weights_only=True)["masters"]
     resumed = torch.load(latest_checkpoint(tmp_path / "resumed") / OPTIMIZER_FILE, weights_only=True)["masters"]
     assert all(torch.equal(full[k], resumed[k]) for k in full)
+
+
+def test_trained_weights_of_float32_and_deepspeed_checkpoints(make_cfg, tmp_path):
+    """float32: policy/ holds the weights unrounded; DeepSpeed: its checkpoint's fp32 partitions."""
+    from safetensors.torch import load_file
+
+    for engine in ("none", "zero2"):
+        run_dir = tmp_path / engine
+        train(make_cfg("algo=grpo", f"deepspeed={engine}", "trainer.max_steps=1"), run_dir)
+        ckpt = latest_checkpoint(run_dir)
+        weights = trained_weights(ckpt)
+        exported = load_file(ckpt / "policy" / "model.safetensors")
+        assert {f"policy.{k}" for k in exported} <= weights.keys()
+        assert all(torch.equal(weights[f"policy.{k}"], v) for k, v in exported.items())  # fp32: no rounding
