@@ -124,6 +124,10 @@ def test_deepspeed_bf16_mode_keeps_fp32_masters(half_compute_on_cpu):
                       cfg.deepspeed, 4, CPU)
     assert actor.module_dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in actor.module.parameters())
+    # A reference in the module's dtype computes exactly as the policy does before its first update: KL 0.
+    reference = Actor(load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU, weights=actor.module_dtype))
+    with torch.no_grad():
+        assert torch.equal(lm_loss(actor), lm_loss(reference))
     layers = {k: p for k, p in actor.module.named_parameters() if ".layers." in k}
     before = {k: safe_get_full_fp32_param(p).clone() for k, p in layers.items()}
     assert all(v.dtype == torch.float32 for v in before.values())
