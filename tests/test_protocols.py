@@ -353,6 +353,30 @@ def test_generation_stops_where_first_stop_says(chat_dirs, tok):
     assert stopped > 0
 
 
+SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"  # `make smollm2`
+
+
+@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").exists(), reason="SmolLM2 not built (make smollm2)")
+def test_the_real_smollm2_template():
+    """SmolLM2-135M-Instruct's own template (no tool support): tools go to a system prompt, results render in its
+    generic `tool` role, and the suffix is the template's own text, tokenized once."""
+    tokenizer = load_tokenizer(str(SMOLLM2))
+    template = inspect_template(tokenizer)
+    assert (template.renders_tools, template.renders_tool_calls, template.tool_role) == (False, False, True)
+    assert template.end_of_turn == "<|im_end|>" and template.prefix_preserving and template.problems == ()
+    assert len(encode(tokenizer, CALL_CLOSE)) > 1  # a multi-token stop string
+    task = AgentTriple(seed=0)
+    protocol = ChatProtocol(tokenizer, task.tools, task.max_turns)
+    assert tokenizer.decode(protocol.prompt_ids(ADD_3_4)).startswith(
+        "<|im_start|>system\nYou can call tools. To call one, write\n<tool_call>")
+    call = '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
+    r, _ = rollout(tokenizer, protocol, lambda t: call if "<|im_start|>tool" not in t else "7<|im_end|>", [ADD_3_4])
+    sampled, observed = sampled_and_observed(r, 0)
+    assert tokenizer.decode(observed) == "<|im_end|>\n<|im_start|>tool\n| | | | 7<|im_end|>\n<|im_start|>assistant\n"
+    assert sampled == encode(tokenizer, call) + encode(tokenizer, "7<|im_end|>")
+    assert read_answer(r.episodes[0]) == "7" and r.episodes[0].turns == ["", "7"]
+
+
 # --------------------------------------------------------------------------------------------- words protocol
 
 
@@ -372,34 +396,35 @@ def test_words_protocol_spells_names_over_several_tokens(tok):
     assert ended == (1, END_OF_TURN)
 
 
-def test_sampling_ignores_the_models_generation_config(model, tokenizer):
-    """A checkpoint's generation_config.json (repetition_penalty, top_k, min_p) must not change what is sampled:
-    the rollouts equal those of the same model with a blank generation config."""
+def test_sampling_ignores_the_models_generation_config(cfg, tokenizer, tmp_path):
+    """A checkpoint's generation_config.json (repetition_penalty, top_k, min_p, temperature) must not change what is
+    sampled: the rollouts equal those of the same weights without it, though HF generate alone would use it."""
+    import shutil
+
+    from mrl.models import resolve_model_path
+
+    clean_dir = resolve_model_path(cfg.model)
+    tuned_dir = tmp_path / "tuned"
+    shutil.copytree(clean_dir, tuned_dir)
+    (tuned_dir / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "repetition_penalty": 2.0, "top_k": 5, "min_p": 0.3, "temperature": 0.5,
+         "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
+    clean, tuned = (load_causal_lm(str(d), cfg.model, CPU).eval() for d in (clean_dir, tuned_dir))
+    assert tuned.generation_config.repetition_penalty == 2.0 and tuned.generation_config.top_k == 5
     task = AgentTriple(seed=0)
     prompts = [task.prompt(i) for i in range(4)]
     protocol = WordsProtocol(tokenizer, task.tools, task.answer_words, task.max_turns)
 
-    def sample() -> torch.Tensor:
+    def draw(model, ours: bool) -> torch.Tensor:
         torch.manual_seed(0)
-        return generate(model, tokenizer, prompts, 8, Sampling(10), protocol, CPU).completion_ids
-
-    clean = sample()
-    saved = model.generation_config
-    model.generation_config = GenerationConfig(eos_token_id=saved.eos_token_id, repetition_penalty=2.0, top_k=5,
-                                               min_p=0.3, temperature=0.5)
-    try:
-        assert torch.equal(sample(), clean)
-        # ... while HF generate alone would have used them
+        if ours:
+            return generate(model, tokenizer, prompts, 8, Sampling(10), protocol, CPU).completion_ids
         prompt = torch.tensor([tokenizer("add 3 4 =").input_ids] * 8)
-        draws = []
-        for config in (model.generation_config, GenerationConfig()):
-            model.generation_config = config
-            torch.manual_seed(0)
-            draws.append(model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=True,
-                                        max_new_tokens=10, pad_token_id=0))
-        assert not torch.equal(*draws)
-    finally:
-        model.generation_config = saved
+        return model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10)
+
+    assert torch.equal(draw(tuned, ours=True), draw(clean, ours=True))
+    assert not torch.equal(draw(tuned, ours=False), draw(clean, ours=False))  # HF alone: the file would act
+    assert tuned.generation_config.repetition_penalty == 2.0  # and it is left in place for others
     assert Sampling(10, top_p=0.9, top_k=5).generation_config(10, [1], 0).top_k == 5
 
 
@@ -407,12 +432,13 @@ def test_sampling_ignores_the_models_generation_config(model, tokenizer):
 
 
 def test_samples_and_agent_metrics_are_logged(tmp_path):
-    cfg = compose_config("trainer.max_steps=4", "logger.samples_every=2")
+    cfg = compose_config("trainer.max_steps=4", "logger=wandb", "logger.samples_every=2")  # W&B offline
     train(cfg, tmp_path)
     records = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
     assert [r["step"] for r in records] == [2, 2, 4, 4]  # one transcript per group (2 prompts per step)
     assert set(records[0]["rewards"]) == {"correctness", "efficiency", "safety"}
     assert records[0]["prompt"].startswith("add ") and "completion" in records[0] and "tool_calls" in records[0]
+    assert len(list(tmp_path.rglob("samples_*.table.json"))) == 2  # the W&B table, steps 2 and 4
     for row in read_metrics(tmp_path / METRICS_FILE):
         assert {"agent/tool_calls", "agent/turns", "agent/invalid_calls"} <= set(row)
         assert row["agent/turns"] >= 1.0 and row["agent/invalid_calls"] == 0.0
