@@ -168,7 +168,9 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
                       trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
     reference = None
     if algo.kl_coef > 0:
-        reference = Actor(load_causal_lm(init_path, cfg.model, device)).eval().requires_grad_(False)
+        # In the weights' dtype the policy's forward sees (bf16 under DeepSpeed's bf16 mode), so that KL is 0 at start.
+        reference = Actor(load_causal_lm(init_path, cfg.model, device, weights=actor.module_dtype)
+                          ).eval().requires_grad_(False)
     return tokenizer, actor, critic, reference
 
 
