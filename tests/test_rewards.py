@@ -460,7 +460,8 @@ def test_build_gdpo_conditioned():
     eff, safety = rs.specs[1], rs.specs[2]
     assert eff.condition_on == "correctness" and eff.threshold == 1.0
     assert safety.enforce == "veto" and safety.violation_below == 0.0
-    assert_close(rs.weights, torch.tensor([1.0, 1.0, 0.0]))
+    assert eff.gated_value == -25.0  # a cost channel's gate pays at least the worst real cost
+    assert_close(rs.weights, torch.tensor([1.0, 0.25, 0.0]))
 
 
 def test_build_weights_override():
