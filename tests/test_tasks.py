@@ -372,3 +372,16 @@ def test_held_out_prompts_of_a_generator_use_negative_indices(rewards):
     held_out = held_out_prompts(task, 5)
     assert held_out == [task.prompt(-1), task.prompt(-2), task.prompt(-3), task.prompt(-4), task.prompt(-5)]
     assert held_out_prompts(task, 0) == []
+
+
+def test_code_cache_clearing_keeps_the_batch_scorable():
+    # A full cache is cleared before a batch's missing programs run: the programs of the batch that were cached
+    # must be run again, not looked up in the emptied cache (KeyError, seen 150 steps into a code run).
+    from mrl.rewards.code import _SandboxRuns
+    from mrl.sandbox import SandboxLimits
+
+    runs = _SandboxRuns(SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_mb=255), workers=1, max_entries=2)
+    first = [episode(X_PLUS_3, "x + 3"), episode(X_PLUS_3, "x")]
+    assert [r.pass_rate for r in runs.results(first)] == [1.0, 0.0]
+    again = [episode(X_PLUS_3, "x + 3"), episode(X_PLUS_3, "x + 1")]  # one cached, one new: 3 entries > 2
+    assert [r.pass_rate for r in runs.results(again)] == [1.0, 0.0]

@@ -22,7 +22,8 @@ class _SandboxRuns:
         keys = [(program(e), tuple(e.prompt.meta["tests"])) for e in episodes]
         missing = list(dict.fromkeys(k for k in keys if k not in self.cache))
         if len(self.cache) + len(missing) > self.max_entries:
-            self.cache.clear()
+            self.cache.clear()  # and so this batch's keys found in it are missing again
+            missing = list(dict.fromkeys(keys))
         for key, result in zip(missing, run_tests_many([(c, list(t)) for c, t in missing], self.limits,
                                                        max_workers=self.workers)):
             self.cache[key] = result
