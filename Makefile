@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train test test-slow lint clean smollm2 repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow lint clean smollm2 repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -29,6 +29,16 @@ install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2
 train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, CPU) and plot it
 	@set -e; run=outputs/make-train/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train hydra.run.dir=$$run $(ARGS); \
+	$(BIN)/mrl report $$run
+
+# SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU; every lever is here, in the open (README).
+TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_per_step=2 trainer.group_size=8 \
+	trainer.max_new_tokens=48 trainer.lr=1e-5 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=30 \
+	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
+
+train-real: $(SMOLLM2)/model.safetensors ## A real pretrained model (SmolLM2-135M-Instruct, fp32) learns a tool task on CPU (~12 min)
+	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
+	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
 
 test: $(STAMP) ## Run the test suite (fast: slow checks are excluded)

@@ -444,7 +444,7 @@ def test_samples_and_agent_metrics_are_logged(tmp_path):
         assert row["agent/turns"] >= 1.0 and row["agent/invalid_calls"] == 0.0
 
 
-@pytest.mark.parametrize("rewards", ["agent_triple", "tool_call", "math_length"])
+@pytest.mark.parametrize("rewards", ["agent_triple", "tool_call", "math_length", "calc_agent"])
 def test_every_agent_task_trains_in_chat_format(rewards, chat_dirs, tmp_path):
     """The same rewards YAML on a chat model: prompts in its template, tools declared, one step."""
     cfg = compose_config(f"rewards={rewards}", "algo=gdpo", f"model.name_or_path={chat_dirs['hermes']}",

@@ -385,3 +385,40 @@ def test_code_cache_clearing_keeps_the_batch_scorable():
     assert [r.pass_rate for r in runs.results(first)] == [1.0, 0.0]
     again = [episode(X_PLUS_3, "x + 3"), episode(X_PLUS_3, "x + 1")]  # one cached, one new: 3 entries > 2
     assert [r.pass_rate for r in runs.results(again)] == [1.0, 0.0]
+
+
+# -------------------------------------------------------------------------------------------------- calc_agent
+
+
+def test_calc_agent_prompts_tool_and_channels():
+    from mrl.episode import ToolCall
+    from mrl.rewards.calc_agent import Correctness, Format
+    from mrl.tasks.calc_agent import CalcAgent
+
+    task = CalcAgent(seed=3, fewshot=1)
+    p = task.prompt(0)
+    assert p == CalcAgent(seed=3, fewshot=1).prompt(0) and p != task.prompt(1)
+    a, b = p.meta["a"], p.meta["b"]
+    assert 10 <= a <= 99 and 10 <= b <= 99 and p.meta["target"] == a + b
+    # One solved example as earlier turns (question, call, result, answer), then the question.
+    assert [m["role"] for m in p.messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert p.messages[-1]["content"] == f"What is {a} + {b}? Use the calc tool."
+    shot = p.messages[1]["tool_calls"][0]["function"]["arguments"]
+    assert p.messages[2]["content"] == str(shot["a"] + shot["b"])
+    assert task.tools["calc"](p, {"a": 37, "b": "48"}) == "85"
+    assert task.tools["calc"](p, {"a": "x", "b": 1}).startswith("error")
+
+    def run(calls, last_turn):
+        return Episode(prompt=p, completion="", completion_ids=[], num_tokens=9, truncated=False,
+                       max_new_tokens=48, tool_calls=calls, turns=["", last_turn])
+
+    good = ToolCall("calc", {"a": a, "b": b}, str(a + b))
+    wrong_args = ToolCall("calc", {"a": a, "b": b + 1}, str(a + b + 1))
+    invalid = ToolCall("add", {}, "error: no tool add", valid=False)
+    assert Correctness()(run([good], f"{a} + {b} = {a + b}")) == 1.0
+    assert Correctness()(run([good], f"It is {a + b + 1}.")) == 0.0
+    assert Correctness()(run([good], "")) == 0.0  # ended on the call: no answer
+    assert Format()(run([good], "")) == 1.0
+    assert Format()(run([wrong_args], "")) == 0.0
+    assert Format()(run([invalid, good], "")) == 0.0
+    assert Format()(run([], f"{a + b}")) == 0.0  # right answer without the tool: correct, but not the format
