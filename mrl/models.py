@@ -166,12 +166,17 @@ class Actor(nn.Module):
         self.policy = policy
         self.value_head = _zero_linear(policy.config.hidden_size) if value_head else None
 
-    def forward(self, input_ids, attention_mask, position_ids):  # -> (logits [N, L, V], values [N, L] or None)
+    def forward(self, input_ids, attention_mask, position_ids, keep: int = 0):
+        """-> (logits [N, keep, V], values [N, keep] or None) of the last `keep` positions (0: all L).
+
+        Only the completion's positions need logits: at a real vocabulary (49k) and a long chat prompt, the output
+        layer over the prompt's positions would cost more than the rest of the model, and its memory most of all.
+        """
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          output_hidden_states=self.value_head is not None, use_cache=False)
+                          output_hidden_states=self.value_head is not None, use_cache=False, logits_to_keep=keep)
         if self.value_head is None:
             return out.logits, None
-        hidden = out.hidden_states[-1]
+        hidden = out.hidden_states[-1][:, -keep:]
         return out.logits, self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
 
 

@@ -243,11 +243,12 @@ def policy_forward(actor, batch: Rollouts, temperature: float = 1.0) -> tuple[Te
     head, or None), where position t scores completion token t from the state before it.
     """
     attention_mask = batch.attention_mask
-    logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask))
-    start = batch.prompt_ids.shape[1] - 1
-    logits = logits[:, start:-1].float() / temperature  # [N, T, V]
+    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end.
+    keep = batch.completion_ids.shape[1] + 1
+    logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep)
+    logits = logits[:, :-1].float() / temperature  # [N, T, V]
     logprobs = torch.gather(torch.log_softmax(logits, -1), 2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    values = values[:, start:-1].float() if values is not None else None
+    values = values[:, :-1].float() if values is not None else None
     return logprobs, logits, values
 
 
