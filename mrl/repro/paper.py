@@ -8,10 +8,11 @@ the built-in tasks and tiny model (SCALE=gpu: a real model), >= 3 seeds each, on
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
-from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
+from mrl.repro.common import REPORTS, markdown_table, multirun, write_csv, write_summary
 from mrl.repro.plots import plot_band, pyplot, save_curves
 
 NAME = "paper"
@@ -40,12 +41,24 @@ SETTINGS = [
 ]
 
 
+def chosen_settings() -> list[Setting]:
+    """All three, or those named in SETTINGS (`make repro-paper SETTINGS=tool_call,code`)."""
+    names = os.environ.get("SETTINGS", "")
+    if not names:
+        return SETTINGS
+    unknown = set(names.split(",")) - {s.rewards for s in SETTINGS}
+    if unknown:
+        raise SystemExit(f"SETTINGS={names!r}: unknown {sorted(unknown)}; choose from {[s.rewards for s in SETTINGS]}")
+    return [s for s in SETTINGS if s.rewards in names.split(",")]
+
+
 def main() -> None:
     rows, verdicts, held = [], [], []
     commands = []
+    settings = chosen_settings()
     plt = pyplot()
-    fig, axes = plt.subplots(len(SETTINGS), 3, figsize=(14, 3.4 * len(SETTINGS)), squeeze=False)
-    for setting, row_axes in zip(SETTINGS, axes):
+    fig, axes = plt.subplots(len(settings), 3, figsize=(14, 3.4 * len(settings)), squeeze=False)
+    for setting, row_axes in zip(settings, axes):
         finals: dict[str, dict[str, list[float]]] = {}
         for arm, overrides in setting.arms.items():
             runs, command = multirun(f"{NAME}/{setting.rewards}-{arm}", [
@@ -68,18 +81,18 @@ def main() -> None:
         best = max((a for a in setting.arms if a != "grpo"), key=lambda a: mean(a, setting.task_channel))
         task_held = mean(best, setting.task_channel) > mean("grpo", setting.task_channel)
         constraint_held = mean(best, setting.constraint_channel) >= mean("grpo", setting.constraint_channel)
-        held.append(task_held and constraint_held)
+        held.append(True if task_held and constraint_held else None if task_held or constraint_held else False)
         verdicts.append([
             setting.rewards,
             f"GDPO ahead of GRPO on {setting.task_channel} and {setting.constraint_channel}",
             f"{best}: {setting.task_channel} {mean(best, setting.task_channel):.2f} vs GRPO "
             f"{mean('grpo', setting.task_channel):.2f}; {setting.constraint_channel} "
             f"{mean(best, setting.constraint_channel):.2f} vs {mean('grpo', setting.constraint_channel):.2f}",
-            "held" if held[-1] else ("mixed" if task_held or constraint_held else "did not hold"),
+            {True: "held", None: "mixed", False: "did not hold"}[held[-1]],
         ])
     save_curves(fig, [ax for row in axes for ax in row], REPORTS / NAME / "paper.png")
 
-    all_channels = sorted({ch for s in SETTINGS for ch in s.channels})
+    all_channels = sorted({ch for s in settings for ch in s.channels})
     write_csv(REPORTS / NAME / "paper.csv", [{k: r.get(k, "") for k in ["setting", "arm", "seeds"]
                                               + [f"{c}_{s}" for c in all_channels for s in ("mean", "std")]}
                                              for r in rows])
@@ -99,7 +112,7 @@ def main() -> None:
               "uses it.  Every channel is better when higher.",
         numbers=table + "\n\n" + verdict_table + "\n\n![per-channel curves](paper.png)",
         verdict=" ".join(f"{v[0]}: {v[3]}." for v in verdicts),
-        held=overall(held),
+        held=True if all(h is True for h in held) else False if all(h is False for h in held) else None,
     )
 
 
