@@ -442,6 +442,9 @@ def test_samples_and_agent_metrics_are_logged(tmp_path):
     for row in read_metrics(tmp_path / METRICS_FILE):
         assert {"agent/tool_calls", "agent/turns", "agent/invalid_calls"} <= set(row)
         assert row["agent/turns"] >= 1.0 and row["agent/invalid_calls"] == 0.0
+    import wandb
+
+    wandb.teardown()  # W&B keeps a service process per Python process: stop it, it is a child of the test runner
 
 
 @pytest.mark.parametrize("rewards", ["agent_triple", "tool_call", "math_length", "calc_agent"])
