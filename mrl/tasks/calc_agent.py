@@ -21,10 +21,9 @@ from typing import Any
 
 from mrl.episode import Episode, Prompt
 from mrl.protocols import Tool
+from mrl.tasks.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 
 CALC = "calc"
-INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"]}
 INTEGER = re.compile(r"-?\d+")
 
 
