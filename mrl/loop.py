@@ -90,8 +90,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             update_start = time.perf_counter()
             batch = collected.batch
             mask = batch.completion_mask.float()  # [N, T]
-            old_logprobs, ref_logprobs, old_values = score_rollouts(actor, reference, critic, batch,  # 2. no grad
-                                                                    trainer.micro_batch_size, trainer.temperature)
+            old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
+                actor, reference, critic, batch, trainer.micro_batch_size, trainer.temperature,
+                policy=not single_update(cfg))
             kl_penalty = (algo.kl_coef * kl_k3(old_logprobs, ref_logprobs) * mask  # [N, T]
                           if reference is not None and algo.kl_mode == "reward" else None)
             advantages, returns = estimator.token_advantages(  # 3. advantages: [N, T], [N, T] | None
@@ -251,10 +252,12 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                 rows_d = rows.to(loss_mask.device)
                 micro, m_mask = batch.take(rows), loss_mask[rows_d]
                 logprobs, logits, values = policy_forward(actor, micro, trainer.temperature)
-                pg_loss, clipped = clipped_surrogate(logprobs, old_logprobs[rows_d], advantages[rows_d],
-                                                     algo.clip_low, algo.clip_high)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows_d]
+                pg_loss, clipped = clipped_surrogate(logprobs, old, advantages[rows_d], algo.clip_low,
+                                                     algo.clip_high)
                 loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
-                entropy = entropy_from_logits(logits)
+                with torch.set_grad_enabled(algo.entropy_coef != 0):  # else logged only: no [N, T, V] kept
+                    entropy = entropy_from_logits(logits)
                 loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[rows_d])
@@ -278,8 +281,8 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                 accumulate(sums, "loss/total", loss.item())
                 accumulate(sums, "entropy", token_mean_part(entropy, m_mask, mini_mask))
                 accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, mini_mask))
-                accumulate(sums, "policy/approx_kl", token_mean_part(kl_k3(logprobs.detach(), old_logprobs[rows_d]),
-                                                                     m_mask, mini_mask))
+                accumulate(sums, "policy/approx_kl", token_mean_part(kl_k3(logprobs.detach(), old), m_mask,
+                                                                     mini_mask))
                 if grad_norm is not None:
                     accumulate(sums, "grad_norm", grad_norm)
     return sums, mini_batches
@@ -316,19 +319,26 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
     return metrics
 
 
+def single_update(cfg: DictConfig) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated is
+    the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second pass."""
+    return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
+
+
 @torch.no_grad()
 def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
-                   temperature: float):
-    """Phase 2: (old log-probs [N, T], reference log-probs [N, T] or None, old values [N, T] or None), micro-batched,
-    log-probs of the sampling distribution (logits / temperature)."""
+                   temperature: float, policy: bool = True):
+    """Phase 2: (old log-probs [N, T] or None when not `policy`, reference log-probs [N, T] or None, old values
+    [N, T] or None), micro-batched, log-probs of the sampling distribution (logits / temperature)."""
     actor.module.eval()
     if critic is not None:
         critic.module.eval()
     old, ref, values = [], [], []
     for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
-        micro = batch.take(rows)
-        logprobs, _, head_values = policy_forward(actor, micro, temperature)
-        old.append(logprobs)
+        micro, head_values = batch.take(rows), None
+        if policy or actor.module.value_head is not None:  # the value head's old values need this pass anyway
+            logprobs, _, head_values = policy_forward(actor, micro, temperature)
+            old.append(logprobs)
         if reference is not None:
             ref.append(policy_forward(reference, micro, temperature)[0])
         if critic is not None:

@@ -7,6 +7,7 @@ prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.episode import Episode, Prompt, ToolCall
+from mrl.models import cache_kwarg, empty_cache
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
 
 
@@ -145,9 +147,33 @@ class StopStrings:
 
 def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
     width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=device)
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device)
     return ids, mask
+
+
+@torch.no_grad()
+def prompt_cache(model, prompt_ids: Tensor, prompt_mask: Tensor):
+    """The KV cache of each prompt but its last token ([B, P] left-padded -> B rows of P-1 positions), or None for
+    one-token prompts.  `generate` then runs only the last token and what follows: HF generate needs one uncached
+    input token, and left padding makes the last column every prompt's own last token."""
+    if prompt_ids.shape[1] < 2:
+        return None
+    cache = empty_cache(model)
+    mask = prompt_mask[:, :-1]
+    model(input_ids=prompt_ids[:, :-1], attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+          logits_to_keep=1, **{cache_kwarg(model): cache})
+    return cache
+
+
+def _rows_of(cache, rows: Tensor):
+    """A copy of `cache` holding its rows `rows` [A] (groups' shared prompts -> one row per rollout)."""
+    if cache is None:
+        return None
+    copied = copy.copy(cache)
+    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    copied.batch_select_indices(rows)  # new tensors per layer: the shared cache stays as it was
+    return copied
 
 
 def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tensor:
@@ -167,6 +193,11 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     """
     encoded = [protocol.prompt_ids(p) for p in prompts]
     prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
+    # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the
+    # group's rows.  Inputs are then [the prompt, left-padded to P | the episode so far, left-padded], so that
+    # every row's prompt sits where the cache has it (padding in the middle is masked, positions skip it).
+    shared_ids, shared_mask = _left_pad(encoded, tokenizer.pad_token_id, device)  # [B, P]
+    shared = prompt_cache(model, shared_ids, shared_mask)
     stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_token_ids(model, tokenizer)))
     stop_ids = sorted(stops.end_ids | set(stops.by_id or ()))
     budget_of = sampling.max_new_tokens
@@ -177,15 +208,17 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     ended = [False] * len(prompt_rows)
     active = list(range(len(prompt_rows)))
     while active:
-        input_ids, attention_mask = _left_pad([prompt_rows[n] + completions[n] for n in active],
-                                              tokenizer.pad_token_id, device)
+        groups = torch.tensor([n // group_size for n in active], device=device)  # [A]
+        so_far, so_far_mask = _left_pad([completions[n] for n in active], tokenizer.pad_token_id, device)
+        input_ids = torch.cat([shared_ids[groups], so_far], 1)  # [A, P + C]
+        attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
         budget = max(budget_of - sum(masks[n]) for n in active)
         criteria = [StopStrings(tokenizer, stops, input_ids.shape[1])] if stops.by_text else None
         with own_generation_config(model):
             output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                     generation_config=sampling.generation_config(budget, stop_ids,
                                                                                  tokenizer.pad_token_id),
-                                    stopping_criteria=criteria)
+                                    stopping_criteria=criteria, **{cache_kwarg(model): _rows_of(shared, groups)})
         still_active = []
         for row, n in enumerate(active):
             new = output[row, input_ids.shape[1]:].tolist()[: budget_of - sum(masks[n])]
@@ -205,7 +238,8 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
                     still_active.append(n)
         active = still_active
 
-    prompt_ids, prompt_mask = _left_pad(prompt_rows, tokenizer.pad_token_id, device)  # [N, P]
+    rows = torch.arange(len(prompt_rows), device=device) // group_size
+    prompt_ids, prompt_mask = shared_ids[rows], shared_mask[rows]  # [N, P]
     end_ids = stops.end_ids
     shown = tokenizer.batch_decode(encoded, skip_special_tokens=False)
     episodes = []
@@ -245,9 +279,11 @@ def policy_forward(actor, batch: Rollouts, temperature: float = 1.0) -> tuple[Te
     attention_mask = batch.attention_mask
     # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end.
     keep = batch.completion_ids.shape[1] + 1
-    logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep)
+    logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
+                           prompt_width=batch.prompt_ids.shape[1])
     logits = logits[:, :-1].float() / temperature  # [N, T, V]
-    logprobs = torch.gather(torch.log_softmax(logits, -1), 2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    # log p = logit - logsumexp: no [N, T, V] log-softmax is kept for the backward pass.
+    logprobs = logits.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
     values = values[:, :-1].float() if values is not None else None
     return logprobs, logits, values
 

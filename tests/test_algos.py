@@ -14,7 +14,7 @@ from conftest import ALGOS
 from mrl.algos import ESTIMATORS
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
-from mrl.loop import build_models, score_rollouts, update, validate
+from mrl.loop import build_models, score_rollouts, single_update, update, validate
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts
 
@@ -176,3 +176,36 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     assert shaped_dead.num_live == 0 and shaped_dead.skip_update
     assert len(shaped_dead.rounds) == 2  # it kept drawing prompts up to max_gen_batches
     assert (shaped_dead.shaped[..., 1] == -9.0).all()
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gdpo"])
+def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
+    """One epoch of one mini-batch: old log-probs are the update's own, detached, and no second pass runs; the
+    weights after the step are those of the update fed a separately computed old pass."""
+    cfg = make_cfg(f"algo={algo}", "trainer.prompts_per_step=1", "trainer.group_size=4")
+    assert single_update(cfg)
+    estimator = ESTIMATORS[cfg.algo.advantage.value]
+    after = []
+    for old_pass in (True, False):
+        torch.manual_seed(0)
+        tokenizer, actor, critic, reference = build_models(cfg, estimator, CPU)
+        before = {n: p.detach().clone() for n, p in actor.module.named_parameters()}
+        reward_set = build_reward_set(cfg.rewards, cfg.algo)
+        batch = hand_batch(tokenizer)
+        extra = len(reward_set.names) - HAND_REWARDS.shape[-1]
+        shaped, keep, _ = reward_set.shape(torch.cat([HAND_REWARDS, torch.zeros(1, 4, extra)], -1))
+        mask = batch.completion_mask.float()
+        old, ref, values = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature,
+                                          policy=old_pass)
+        assert (old is None) == (not old_pass)
+        advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
+        update(cfg, actor, critic, batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
+        after.append({n: p.detach().clone() for n, p in actor.module.named_parameters()})
+    assert sum((after[0][n] - w).abs().sum() for n, w in before.items()) > 0
+    for name, weights in after[0].items():
+        torch.testing.assert_close(after[1][name], weights, atol=1e-6, rtol=0, msg=name)
+
+
+def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
+    assert not single_update(make_cfg("algo=ppo", "algo.epochs=2"))
+    assert not single_update(make_cfg("algo=grpo", "trainer.num_mini_batches=2"))

@@ -282,3 +282,34 @@ def test_policy_forward_reads_observations_as_generation_did(model, tokenizer):
     P = len(ADD_3_4)
     sampled = torch.log_softmax(logits[P - 1:-1].float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
     torch.testing.assert_close(logprobs[0, [0, 1, 4, 5]], sampled[[0, 1, 4, 5]], atol=1e-5, rtol=0)
+
+
+def test_a_shared_prompt_cache_samples_what_a_pass_per_rollout_samples(model, tokenizer, monkeypatch):
+    """generate() computes each prompt once and copies its cache to the group's rows, every turn; with the same
+    seed the episodes are token for token those of a run that computes every row's prompt itself."""
+    import mrl.rollout
+
+    tools = {"calc": Tool("calc", fn=lambda prompt, arguments: "| |")}
+    protocol = WordsProtocol(tokenizer, tools, tuple(str(d) for d in range(10)), 3)
+    prompts = [Prompt("add 3 4 ="), Prompt("7"), Prompt("max 2 9 =")]  # different lengths: left padding
+
+    def sample():
+        torch.manual_seed(0)
+        return generate(model, tokenizer, prompts, 4, Sampling(10), protocol, CPU)
+
+    shared = sample()
+    monkeypatch.setattr(mrl.rollout, "prompt_cache", lambda *args: None)
+    alone = sample()
+    assert sum(len(e.tool_calls) for e in shared.episodes) > 0  # later turns were generated too
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention"):
+        assert torch.equal(getattr(shared, name), getattr(alone, name)), name
+
+
+def test_greedy_generation_picks_the_trainers_most_likely_token(model, tokenizer):
+    """What generate() sampled from (cached prompt, KV cache) is what policy_forward scores (one plain pass)."""
+    prompts = [Prompt("add 3 4 ="), Prompt("7")]
+    r = generate(model, tokenizer, prompts, 2, Sampling(8, greedy=True), WordsProtocol(tokenizer), CPU)
+    with torch.no_grad():
+        _, logits, _ = policy_forward(Actor(model), r)  # [N, T, V]
+    generated = r.completion_mask.bool()
+    assert torch.equal(logits.argmax(-1)[generated], r.completion_ids[generated])

@@ -132,7 +132,14 @@ class Scripted:
         self.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
         self.written: list[list[int]] = []
 
-    def generate(self, input_ids, attention_mask, generation_config, stopping_criteria=None):
+    config = None  # rollout.prompt_cache builds a cache from it, which this fake never fills
+
+    def forward(self, input_ids, attention_mask, position_ids, cache, **kwargs):  # prompt_cache's prefill
+        return None
+
+    __call__ = forward
+
+    def generate(self, input_ids, attention_mask, generation_config, stopping_criteria=None, cache=None):
         eos, pad = set(generation_config.eos_token_id), generation_config.pad_token_id
         texts = [self.tokenizer.decode(row[mask.bool()], skip_special_tokens=False)
                  for row, mask in zip(input_ids, attention_mask)]

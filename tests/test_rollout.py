@@ -189,3 +189,37 @@ def test_padding_after_eos_does_not_change_earlier_logprobs(model):
     assert_close(a[:, :2], b[:, :2], atol=1e-6, rtol=0)
     assert_close(a[:, :2], c, atol=1e-5, rtol=0)
     assert va.shape == (1, 4) and torch.equal(va, torch.zeros(1, 4)) and torch.equal(vb, va)
+
+
+def test_a_shared_prompt_pass_equals_a_pass_per_row(model):
+    """Rows of a group share one prompt pass (prompt_width): log-probs, values and every gradient are those of
+    one full forward per row, for groups of different prompt lengths, an observation and right padding."""
+    torch.manual_seed(0)
+    actor = Actor(model, value_head=True)
+    torch.nn.init.normal_(actor.value_head.weight, std=0.1)  # a zero head would hide a wrong hidden state
+    batch = rollouts(
+        [MAX_3_7] * 3 + [[PAD, PAD, 15, 11]] * 2,
+        [[1, 1, 1, 1]] * 3 + [[0, 0, 1, 1]] * 2,
+        [[10, 26, EOS, PAD], [19, 30, 8, EOS], [4, EOS, PAD, PAD], [17, 22, 9, EOS], [EOS, PAD, PAD, PAD]],
+        [[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]],
+        completion_attention=[[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+
+    def logprobs_values_grads(shared: bool):
+        actor.zero_grad()
+        mask = batch.attention_mask
+        keep = batch.completion_ids.shape[1] + 1
+        logits, values = actor(batch.input_ids, mask, position_ids(mask), keep,
+                               prompt_width=batch.prompt_ids.shape[1] if shared else 0)
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+        weights = torch.linspace(-1, 1, logp.numel()).view_as(logp) * batch.completion_mask
+        ((logp * weights).sum() + (values[:, :-1] * weights).sum()).backward()
+        return logp.detach(), values.detach(), {n: p.grad.clone() for n, p in actor.named_parameters()}
+
+    shared_lp, shared_v, shared_g = logprobs_values_grads(shared=True)
+    plain_lp, plain_v, plain_g = logprobs_values_grads(shared=False)
+    live = batch.completion_attention.bool()
+    assert_close(shared_lp[live], plain_lp[live], atol=1e-5, rtol=0)
+    assert_close(shared_v[:, :-1][live], plain_v[:, :-1][live], atol=1e-5, rtol=0)
+    for name, grad in plain_g.items():
+        assert_close(shared_g[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert plain_g["policy.model.embed_tokens.weight"].abs().sum() > 0
