@@ -52,6 +52,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import marshal
 import math
 import operator
 import os
@@ -399,8 +400,9 @@ def _decode(x, depth: int = 0):
 
 # --------------------------------------------------------------------------- the child program (untrusted side)
 
-# Run as `python -I -S -c RUNNER <result fd>`. It reads {"code", "probes", "io", "load", "limits"} as JSON from
-# stdin, then writes one JSON line per event to the result fd:
+# Run as `python -I -S -c RUNNER <result fd>`. It reads {"code", "probes", "io", "load", "limits"} from stdin
+# (marshal: the same interpreter writes it, and only the untrusted side parses it), then writes one JSON line per
+# event to the result fd:
 #   {"ev": "syntax_error"} | {"ev": "load_error", "e": name} | {"ev": "loaded"}
 #   {"p": k, "v": value} | {"p": k, "e": name}          probe k's value (tagged JSON, see `enc`) or exception name
 #   {"io": j, "out": stdout, "e": name | null}          I/O run j
@@ -410,11 +412,11 @@ RUNNER = r'''
 import sys
 
 def _main():
-    import builtins, io, _io, json, os, posix, resource, signal, socket, _socket, subprocess, _posixsubprocess
-    from json.encoder import encode_basestring_ascii as qstr
+    import builtins, io, _io, marshal, os, posix, resource, signal, socket, _socket, subprocess, _posixsubprocess
+    from _json import encode_basestring_ascii as qstr  # not `json`: its import (and re's) is a third of start-up
 
     rfd = int(sys.argv[1])
-    data = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    data = marshal.loads(sys.stdin.buffer.read())
     code, probes, runs, lim = data["code"], data["probes"], data["io"], data["limits"]
     max_value = int(lim["value"])
     write, exit_now, _type, _repr, _len = os.write, os._exit, type, repr, len
@@ -925,10 +927,10 @@ def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> Sandbox
         probe_slices.append(slice(start, len(sources)))
     load = any(isinstance(p, _Expr) for p in parsed) or not stdins
     cpu = max(1, math.ceil(limits.cpu_seconds))
-    payload = json.dumps({"code": code, "probes": sources, "io": stdins, "load": load, "limits": {
+    payload = marshal.dumps({"code": code, "probes": sources, "io": stdins, "load": load, "limits": {
         "cpu": cpu, "mem": int(limits.memory_mb * 1024 * 1024), "fsize": FILE_SIZE_LIMIT, "nofile": OPEN_FILES_LIMIT,
         "value": int(limits.max_value_bytes), "netns": sandbox == "process",
-    }}).encode("utf-8")
+    }})
     cap = int(limits.max_output_bytes)
     result_cap = 4096 + (256 + int(limits.max_value_bytes) * 2) * (len(sources) + len(stdins))
 
