@@ -269,14 +269,14 @@ def _parse_source(source: str) -> _Expr | _Bad:
         if len(body) != 1 or not isinstance(body[0], ast.Assert):
             return _Bad("SyntaxError")
         node = body[0].test
-    except ValueError:  # NUL bytes
+    except (ValueError, RecursionError, MemoryError):  # NUL bytes, absurd nesting
         return _Bad("SyntaxError")
     probes: list = []
     try:
         _plan(node, probes)
+        return _Expr(node, tuple(probes), tuple(ast.unparse(p) for p in probes))
     except (_Unsupported, RecursionError):
         return _Bad("UnsupportedTest")
-    return _Expr(node, tuple(probes), tuple(ast.unparse(p) for p in probes))
 
 
 def _parse_test(test: str | dict) -> _Expr | _IO | _Bad:
@@ -369,6 +369,14 @@ def _reject_constant(name: str):
     raise _NotPlain(name)  # NaN / Infinity tokens: the encoder writes {"float": "nan"} instead
 
 
+def _hashed(keys: list) -> list:
+    """Refuse keys built to collide: ints, floats and tuples hash the same in every process, and a set of 50,000
+    equal-hash keys would take the trainer minutes to build.  (Only equal full hashes make long probe chains.)"""
+    if len(keys) > 1000 and len({hash(k) for k in keys}) < len(keys) // 2:
+        raise _NotPlain("keys with colliding hashes")
+    return keys
+
+
 def _decode(x, depth: int = 0):
     """The sandbox's JSON -> a value built only from builtins; anything unexpected raises _NotPlain."""
     if depth > MAX_DEPTH:
@@ -382,9 +390,10 @@ def _decode(x, depth: int = 0):
         try:
             if tag in ("tuple", "set", "frozenset") and type(body) is list:
                 items = [_decode(v, depth + 1) for v in body]
-                return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
+                return tuple(items) if tag == "tuple" else {"set": set, "frozenset": frozenset}[tag](_hashed(items))
             if tag == "dict" and type(body) is list and all(type(kv) is list and len(kv) == 2 for kv in body):
-                return {_decode(k, depth + 1): _decode(v, depth + 1) for k, v in body}
+                keys = _hashed([_decode(k, depth + 1) for k, _ in body])
+                return dict(zip(keys, (_decode(v, depth + 1) for _, v in body)))
             if tag == "bytes" and type(body) is str:
                 return bytes.fromhex(body)
             if tag == "float" and body in ("nan", "inf", "-inf"):
@@ -685,10 +694,10 @@ def _main():
         except BaseException:
             pass
         sys.stdin, sys.stdout = saved
-        out = buf.getvalue()
+        out = qstr(buf.getvalue()[:max_value + 1].decode("utf-8", "replace"))
         if _len(out) > max_value:
-            out, err = b"", '"ValueTooLarge"'
-        emit('{"io":%d,"out":%s,"e":%s}' % (j, qstr(out.decode("utf-8", "replace")), err))
+            out, err = '""', '"ValueTooLarge"'
+        emit('{"io":%d,"out":%s,"e":%s}' % (j, out, err))
     emit('{"ev":"done"}')
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -932,7 +941,7 @@ def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> Sandbox
         "value": int(limits.max_value_bytes), "netns": sandbox == "process",
     }})
     cap = int(limits.max_output_bytes)
-    result_cap = 4096 + (256 + int(limits.max_value_bytes) * 2) * (len(sources) + len(stdins))
+    result_cap = 4096 + (256 + int(limits.max_value_bytes)) * (len(sources) + len(stdins))
 
     with tempfile.TemporaryDirectory(prefix="mrl_sandbox_", ignore_cleanup_errors=True) as tmp:
         rfd, wfd = os.pipe()

@@ -3,6 +3,7 @@ code fails without side effects.  Escapes and reward fakes have their own file, 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import tempfile
@@ -290,6 +291,14 @@ def test_result_lines_are_validated_claims():
     assert reply.header == "loaded"
     assert reply.probes == {0: ("v", (1, 2)), 1: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
     assert reply.io == {0: ("ok", None)}
+
+    # Ints that all hash alike would make building the set quadratic in the trainer: refused, and quickly.
+    colliding = [i * (2**61 - 1) for i in range(50_000)]
+    start = time.monotonic()
+    reply = _parse(json.dumps({"p": 0, "v": {"set": colliding}}).encode(), n_probes=1, n_io=0)
+    assert reply.probes == {0: ("e", "NotPlainData")} and time.monotonic() - start < 2
+    spread = list(range(50_000))
+    assert _parse(json.dumps({"p": 0, "v": {"set": spread}}).encode(), 1, 0).probes == {0: ("v", set(spread))}
 
 
 def test_process_sandbox_runs_and_grades_the_same_way():

@@ -312,6 +312,21 @@ def test_sandbox_escape_lingering_setsid_child(prelude, tmp_path):
 
 
 @needs_bwrap
+def test_sandbox_escape_nothing_survives_the_wall_clock_kill():
+    # The other path out: the program is still running (and so is its setsid child) when the call gives up on it.
+    token = f"mrl-linger-{secrets.token_hex(6)}"
+    code = UNDO + "\n".join([
+        "import os, sys, time", "if os.fork() == 0:", "    os.setsid()",
+        f"    os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(30)', {token!r}])",
+        "time.sleep(30)"])
+    start = time.monotonic()
+    res = run_tests(code, ["True"], SandboxLimits(cpu_seconds=1, wall_seconds=1.5))
+    assert res.status == "timeout" and time.monotonic() - start < 5
+    time.sleep(0.3)
+    assert _alive(token) == []
+
+
+@needs_bwrap
 def test_sandbox_view_from_inside():
     # What the program sees: uid 65534 without capabilities, its own PID namespace (bwrap's init and itself) and
     # hostname, no shell, no repo, no host /tmp, /etc reduced to the loader's cache, a writable cwd.
