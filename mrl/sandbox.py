@@ -17,12 +17,14 @@ Grading happens here, in the trusted process; the sandbox only runs the program 
   * A test `{"stdin": ..., "stdout": ...}` runs the program as `__main__` with that stdin (from `sys.stdin`); the
     sandbox returns what it wrote to `sys.stdout`, and the trainer compares it line by line (trailing whitespace
     and blank lines ignored).
-Why the result channel cannot be forged, and why we do not try to hide it: everything the sandbox sends is
-treated as the program's claims, validated by the trainer (JSON lines on a pipe; a probe's first well-formed
-answer counts; values rebuilt from builtins; sizes capped). Expected values, the comparisons and the grading never
-enter the sandbox: code that takes over the harness, rewrites its frames, patches `builtins.eval` or writes its
-own lines on the result fd can only claim a plain value for a probe, which is what returning that value does.
-Passing still takes the right answer for each probe's input.
+The result channel, and why it is not hidden: code in a process can always reach what its harness holds (frames,
+gc, /proc/self/fd), so instead of hiding the channel we made forging it worthless. Everything the sandbox sends is
+taken as the program's claims and validated here (JSON lines on a pipe; a probe's first well-formed answer counts;
+values rebuilt from builtins; sizes and hash collisions capped). Expected values, comparisons and grading never
+enter the sandbox, so code that takes over the harness, rewrites its frames, patches `builtins.eval` or writes its
+own lines on the result fd can only claim a plain value for a probe, which is what returning that value does:
+passing still takes the right answer to each probe's input. (A test that passes its expected value into the
+program, `check(f(2), 4)`, shows it to the program: write `f(2) == 4`.)
 
 The boundary is bubblewrap (`sandbox="bwrap"`, the default; `apt-get install bubblewrap`): the interpreter runs
 as `python -I -S` (stdlib only) in new user, PID, network, IPC, UTS, mount and cgroup namespaces, as uid/gid 65534
