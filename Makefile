@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned)
+install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "mrl: the code sandbox needs bubblewrap: apt-get install bubblewrap (as root)"
 
 train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, CPU) and plot it
 	@set -e; run=outputs/make-train/$$(date +%Y-%m-%d_%H-%M-%S); \

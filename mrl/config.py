@@ -55,6 +55,11 @@ class ChannelKind(str, Enum):
     constraint = "constraint"
 
 
+class Sandbox(str, Enum):
+    bwrap = "bwrap"  # bubblewrap: namespaces, read-only system view, no network (apt-get install bubblewrap)
+    process = "process"  # a plain child process with rlimits and Python guards: unsafe for untrusted code
+
+
 class Enforce(str, Enum):
     veto = "veto"  # a violating rollout gets every other channel's gated_value
     drop = "drop"  # a violating rollout is left out of the update
@@ -124,6 +129,8 @@ class RewardsConfig:
     # A channel that raises or returns a non-number: `raise` stops the run (after writing a checkpoint of the last
     # completed step); `drop` leaves the sample out of the update and counts it (rewards/failed_frac).
     on_error: str = "raise"
+    # Where generated code runs (the code channels): see mrl/sandbox.py and the README's threat model.
+    sandbox: Sandbox = Sandbox.bwrap
 
 
 @dataclass

@@ -265,9 +265,9 @@ def test_code_batched_channels_keep_order_and_run_duplicates_once(monkeypatch):
     runs: list[str] = []
     real = code_rewards.run_tests_many
 
-    def counting(items, limits, max_workers=2):
+    def counting(items, limits, max_workers=2, **kwargs):
         runs.extend(code for code, _ in items)
-        return real(items, limits, max_workers=max_workers)
+        return real(items, limits, max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(code_rewards, "run_tests_many", counting)
     limits = dict(LIMITS, memory_mb=254)  # a fresh shared cache
