@@ -36,7 +36,7 @@ train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, C
 
 # SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU; every lever is here, in the open (README).
 TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_per_step=2 trainer.group_size=8 \
-	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=30 \
+	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=20 \
 	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
 
 train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (slow: ~2-3 min a step, see README)

@@ -421,4 +421,8 @@ def test_calc_agent_prompts_tool_and_channels():
     assert Format()(run([good], "")) == 1.0
     assert Format()(run([wrong_args], "")) == 0.0
     assert Format()(run([invalid, good], "")) == 0.0
-    assert Format()(run([], f"{a + b}")) == 0.0  # right answer without the tool: correct, but not the format
+    assert Format()(run([], f"{a + b}")) == 0.0
+    assert Correctness()(run([], f"{a + b}")) == 0.0  # the right sum without the tool: a guess, not the task
+    assert Correctness()(run([invalid], f"The answer is {a + b}.")) == 0.0
+    assert Correctness()(run([wrong_args, good], f"The answer is {a + b}.")) == 1.0
+    assert p.messages[3]["content"] == f"The answer is {shot['a'] + shot['b']}."
