@@ -124,6 +124,8 @@ class RewardsConfig:
     # A channel that raises or returns a non-number: `raise` stops the run (after writing a checkpoint of the last
     # completed step); `drop` leaves the sample out of the update and counts it (rewards/failed_frac).
     on_error: str = "raise"
+    # With `drop`: a channel that fails on every sample for this many steps in a row stops the run (0: never).
+    max_failed_steps: int = 3
 
 
 @dataclass

@@ -39,7 +39,7 @@ from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
 from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
-from mrl.rewards.channels import build_reward_set
+from mrl.rewards.channels import FailureStreaks, build_reward_set
 from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
@@ -88,6 +88,7 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     completed_position = state["prompt_position"]
     updating = False  # between the first optimizer step of a step and its end, the weights are mid-update
     identity = run_identity(cfg)
+    failing = FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps)
     stop = StopSignals()
     try:
         for step in range(state["step"] + 1, trainer.max_steps + 1):
@@ -95,6 +96,7 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             collected = collect(cfg, task, actor, tokenizer, reward_set, state, device)  # 1. rollouts, scored
+            failing.update(torch.cat([r.failed for r in collected.rounds]))  # stop rather than train on nothing
             rollout_s = time.perf_counter() - step_start
             update_start = time.perf_counter()
             batch = collected.batch
@@ -237,7 +239,7 @@ def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, stat
     skip_update = not live_parts
     batch = Rollouts.concat(live_parts or rounds[:1], tokenizer.pad_token_id)
     shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
-    keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
+    keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
     return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
 
 
@@ -318,7 +320,7 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).float().mean().item(),
+        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
                              else dead_groups(shaped[..., task_channels]).float().mean().item()),
         "dapo/skipped_update": float(collected.skip_update),
