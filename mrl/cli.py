@@ -29,8 +29,10 @@ def hydra_train() -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def main(cfg) -> None:
+        from mrl.checkpoint import CheckpointError
         from mrl.loop import train
         from mrl.rewards.channels import RewardError
+        from mrl.rundir import Interrupted, resume_hint
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
@@ -39,6 +41,10 @@ def hydra_train() -> None:
             _fail(str(err))
         except RewardError as err:
             _fail(f"{err}\n(run dir: {run_dir})", code=1)
+        except CheckpointError as err:  # a full disk: the previous checkpoint is intact
+            _fail(str(err), code=1)
+        except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
+            _fail(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
         print(f"mrl: run dir {run_dir}")
 
     main()

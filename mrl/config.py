@@ -131,6 +131,8 @@ class RewardsConfig:
     on_error: str = "raise"
     # Where generated code runs (the code channels): see mrl/sandbox.py and the README's threat model.
     sandbox: Sandbox = Sandbox.bwrap
+    # With `drop`: a channel that fails on every sample for this many steps in a row stops the run (0: never).
+    max_failed_steps: int = 3
 
 
 @dataclass

@@ -11,6 +11,10 @@ How it departs from the textbook PPO/GRPO loop:
   more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
 - losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
   aggregations (seq_mean, token_mean) and for any number of live groups.
+
+The run dir is locked while train() runs, and a stop loses no completed step (mrl/rundir.py): SIGTERM or Ctrl-C
+during generation and scoring checkpoints the last completed step at once; during the update, its logs and a
+checkpoint write, the step is finished first.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from torch import Tensor
 
 from mrl.advantages import advantage_shares, dead_groups, distinct_per_group
 from mrl.algos import ESTIMATORS
-from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
+from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
 from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
-from mrl.rewards.channels import build_reward_set
+from mrl.rewards.channels import FailureStreaks, build_reward_set
 from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
+from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 
@@ -44,11 +49,16 @@ UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`.
+    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`, which it holds
+    locked: another process training there is refused (mrl.rundir.RunDirLock).
 
     Returns the last step's metrics."""
+    with RunDirLock(run_dir):
+        return train_locked(cfg, run_dir)
+
+
+def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     algo, trainer = cfg.algo, cfg.trainer
-    run_dir.mkdir(parents=True, exist_ok=True)
     estimator = ESTIMATORS[algo.advantage.value]
     validate(cfg, estimator)
     seed_everything(trainer.seed)
@@ -58,7 +68,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     weights = reward_set.weights  # [K]
     task = build_task(cfg)
 
-    resume_from = resolve_resume(trainer.resume, run_dir)
+    resume_from = check_run_dir(cfg, run_dir)  # an intact checkpoint of the same algo and rewards, or a new run
     tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from)
 
     state = {"step": 0, "prompt_position": 0}
@@ -66,11 +76,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         actor.load_optimizer(resume_from)
         if critic is not None:
             critic.load_optimizer(resume_from / "critic")
-        set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+        load_rng_state(resume_from)
         state = json.loads((resume_from / "state.json").read_text())
-    if resume_from is None and (run_dir / METRICS_FILE).exists():
-        raise UserError(f"{run_dir} already holds a run ({METRICS_FILE}); continue it with trainer.resume=true, "
-                        "or start this one in another hydra.run.dir")
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics)
     wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
@@ -80,12 +87,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     saved_step = completed_step = state["step"]
     completed_position = state["prompt_position"]
     updating = False  # between the first optimizer step of a step and its end, the weights are mid-update
+    identity = run_identity(cfg)
+    failing = FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps)
+    stop = StopSignals()
     try:
         for step in range(state["step"] + 1, trainer.max_steps + 1):
             step_start = time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             collected = collect(cfg, task, actor, tokenizer, reward_set, state, device)  # 1. rollouts, scored
+            failing.update(torch.cat([r.failed for r in collected.rounds]))  # stop rather than train on nothing
             rollout_s = time.perf_counter() - step_start
             update_start = time.perf_counter()
             batch = collected.batch
@@ -98,6 +109,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             advantages, returns = estimator.token_advantages(  # 3. advantages: [N, T], [N, T] | None
                 collected.shaped.to(device), weights.to(device), mask, old_values, kl_penalty, algo)
             loss_mask = mask * collected.keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
+            stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
             updating = True
             sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
                 cfg, actor, critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
@@ -133,16 +145,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             progress.update(step, metrics)
             completed_step, completed_position = step, state["prompt_position"]
             if step % trainer.save_every == 0 or step == trainer.max_steps:
-                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic)
+                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic, identity)
                 saved_step = step
-    except BaseException:
-        # A crash (a failing reward channel, Ctrl-C) outside the update: keep the last completed step's weights.
-        # The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
-        if not updating and completed_step > saved_step:
+            stop.check()
+    except BaseException as err:
+        # A crash (a failing reward channel), SIGTERM or Ctrl-C outside the update: keep the last completed step's
+        # weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
+        # After a failed checkpoint write, another attempt would fail the same way.
+        if not updating and completed_step > saved_step and not isinstance(err, CheckpointError):
+            stop.defer()
             state.update(step=completed_step, prompt_position=completed_position)
-            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic)
+            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic, identity)
         raise
     finally:
+        stop.restore()
         progress.close()
         metrics_file.close()
         if wandb is not None:
@@ -224,7 +240,7 @@ def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, stat
     skip_update = not live_parts
     batch = Rollouts.concat(live_parts or rounds[:1], tokenizer.pad_token_id)
     shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
-    keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
+    keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
     return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
 
 
@@ -307,7 +323,7 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).float().mean().item(),
+        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
                              else dead_groups(shaped[..., task_channels]).float().mean().item()),
         "dapo/skipped_update": float(collected.skip_update),

@@ -30,7 +30,7 @@ class Rollouts:
     episodes: list[Episode]
     group_size: int
     rewards: Tensor | None = None  # [N, K] per channel once scored; NaN where a channel abstained
-    failed: Tensor | None = None  # [N] bool: a reward channel failed on the sample (rewards.on_error=drop)
+    failed: Tensor | None = None  # [N, K] bool: channel k failed on the sample (rewards.on_error=drop)
 
     @property
     def num_groups(self) -> int:
