@@ -26,6 +26,12 @@ def hydra_train() -> None:
 
     import mrl.config  # noqa: F401  registers the schemas
     from mrl.config import CONF_DIR, UserError
+    from mrl.validation import check_yaml_syntax, config_dirs_in
+
+    try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.validation.Preflight
+        check_yaml_syntax(config_dirs_in(sys.argv[1:]))
+    except UserError as err:
+        _fail(str(err))
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def main(cfg) -> None:

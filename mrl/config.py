@@ -101,6 +101,10 @@ class AlgoConfig:
     value_clip: float = 0.2
     vf_coef: float = 0.5  # weight of the value loss when the critic is a head sharing the policy's optimizer
     whiten_advantages: bool = True  # PPO: normalize GAE advantages over the batch's generated tokens
+    # Channels a preset shapes by name in rewards.channels (gdpo_conditioned: efficiency, safety).  The shaping
+    # applies where the rewards have the channel; where they do not, the entry the preset wrote (it has no `fn`) is
+    # left out, so the preset composes with every `rewards=` option (configured_channels).
+    shapes: list[str] = field(default_factory=list)
 
 
 @dataclass

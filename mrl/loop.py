@@ -44,6 +44,7 @@ from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forw
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
+from mrl.validation import validate
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -53,6 +54,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     locked: another process training there is refused (mrl.rundir.RunDirLock).
 
     Returns the last step's metrics."""
+    validate(cfg, run_dir)  # before anything is written
     with RunDirLock(run_dir):
         return train_locked(cfg, run_dir)
 
@@ -60,7 +62,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     algo, trainer = cfg.algo, cfg.trainer
     estimator = ESTIMATORS[algo.advantage.value]
-    validate(cfg, estimator)
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
@@ -427,33 +428,3 @@ def pick_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
     return torch.device(name)
-
-
-def validate(cfg: DictConfig, estimator) -> None:
-    """Checks that the schema cannot express; each error names the value and the fix."""
-    t, a = cfg.trainer, cfg.algo
-    if t.max_steps <= 0:
-        raise UserError(f"trainer.max_steps={t.max_steps}: must be a positive number of steps")
-    if estimator.group_relative and t.group_size < 2:
-        raise UserError(f"trainer.group_size={t.group_size}: algo={a.name} normalizes within groups of rollouts, "
-                        "so it needs group_size >= 2 (try 8)")
-    if t.group_size < 1 or t.prompts_per_step < 1 or t.micro_batch_size < 1 or t.max_new_tokens < 1:
-        raise UserError("trainer.group_size, prompts_per_step, micro_batch_size and max_new_tokens must be >= 1")
-    if t.temperature <= 0:
-        raise UserError(f"trainer.temperature={t.temperature}: training samples, so it must be > 0 (1.0 samples the "
-                        "model's own distribution)")
-    if t.save_every <= 0:
-        raise UserError(f"trainer.save_every={t.save_every}: must be >= 1")
-    if a.critic is None and estimator.needs_critic:
-        raise UserError(f"algo.advantage={a.advantage.value} needs a critic: set algo.critic=model or head")
-    if a.critic is not None and not estimator.needs_critic:
-        raise UserError(f"algo.critic={a.critic.value}: algo.advantage={a.advantage.value} takes its baseline from the "
-                        "group of rollouts and trains no critic; drop algo.critic (critic=null) or use advantage=gae")
-    if a.kl_coef > 0 and a.kl_mode == "reward" and not estimator.reward_kl:
-        raise UserError(f"algo.kl_mode=reward with algo.advantage={a.advantage.value}: a group-relative estimator "
-                        "normalizes a per-rollout penalty away; use algo.kl_mode=loss (the KL term in the loss)")
-    if a.overlong_buffer >= t.max_new_tokens:
-        raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
-                        f"{t.max_new_tokens}")
-    if a.dynamic_sampling and a.max_gen_batches < 1:
-        raise UserError(f"algo.max_gen_batches={a.max_gen_batches}: must be >= 1")

@@ -6,6 +6,7 @@ detection and per-channel logging all need the channels apart.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,6 +17,9 @@ from torch import Tensor
 
 from mrl.config import UserError
 from mrl.episode import Episode
+from mrl.validation import configured_channels
+
+log = logging.getLogger(__name__)
 
 Channel = Callable[[Episode], float]
 
@@ -200,22 +204,15 @@ def _describe(channel: str, index: int, episode: Episode, what: str) -> str:
 
 
 def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
-    """Instantiate the configured channels, apply algo.weights overrides, add the algorithm's own channels."""
-    channels = rewards_cfg.channels
-    if not channels:
-        raise UserError(f"rewards={rewards_cfg.name} defines no channels")
+    """Instantiate the configured channels (checked: mrl.validation.configured_channels), apply algo.weights
+    overrides, add the algorithm's own channels."""
+    channels, left_out = configured_channels(rewards_cfg, algo_cfg)
+    if left_out:
+        log.info(f"algo={algo_cfg.name} shapes {', '.join(left_out)}, which rewards={rewards_cfg.name} does not have: "
+                 "that part of the preset does not apply")
     overrides = dict(algo_cfg.weights) if algo_cfg.weights is not None else None
-    if overrides is not None and set(overrides) != set(channels):
-        raise UserError(
-            f"algo.weights has channels {sorted(overrides)} but rewards={rewards_cfg.name} has {sorted(channels)}; "
-            "give one weight per channel"
-        )
-    if overrides is not None and not all(isinstance(w, (int, float)) for w in overrides.values()):
-        raise UserError(f"algo.weights must map channel names to numbers, got {overrides}")
     specs = []
     for name, ch in channels.items():
-        if ch.enforce is not None and ch.kind.value != "constraint":
-            raise UserError(f"rewards.channels.{name}.enforce needs kind: constraint (it is {ch.kind.value})")
         specs.append(
             ChannelSpec(
                 name=name,
