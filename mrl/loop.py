@@ -54,7 +54,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     locked: another process training there is refused (mrl.rundir.RunDirLock).
 
     Returns the last step's metrics."""
-    validate(cfg, run_dir)  # before anything is written
+    validate(cfg)  # before anything is written
     with RunDirLock(run_dir):
         return train_locked(cfg, run_dir)
 

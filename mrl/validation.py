@@ -105,9 +105,9 @@ def _check_bound(bound: Bound, value: Any, key: str | None = None) -> None:
         raise UserError(f"{key}={value}: must be {bound.rule()}{fix}")
 
 
-def validate(cfg: DictConfig, run_dir: Path | None = None) -> None:
+def validate(cfg: DictConfig) -> None:
     """Raise a UserError for the first bad value in `cfg` (the composed conf/train.yaml), or for a path the run
-    would read that is missing, or when `run_dir` already holds a run that this one would not resume."""
+    would read that is missing.  (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     from mrl.algos import ESTIMATORS
 
     for key, (choices, fix) in CHOICES.items():
@@ -138,8 +138,6 @@ def validate(cfg: DictConfig, run_dir: Path | None = None) -> None:
     _check_device(t.device)
     configured_channels(cfg.rewards, a)
     _check_inputs(cfg)
-    if run_dir is not None:
-        _check_run_dir(cfg, run_dir)
 
 
 def _check_device(name: str) -> None:
@@ -195,7 +193,7 @@ def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[s
 
 
 def _check_inputs(cfg: DictConfig) -> None:
-    """Paths the run reads: the model directory and the dataset (a checkpoint to resume from: _check_run_dir)."""
+    """Paths the run reads: the model directory and the dataset (a checkpoint to resume from: mrl.rundir)."""
     from mrl.data import dataset_file
     from mrl.models import BUILTIN_TINY, resolve_model_path
 
@@ -203,16 +201,6 @@ def _check_inputs(cfg: DictConfig) -> None:
         resolve_model_path(cfg.model)
     if cfg.data.path:
         dataset_file(cfg.data.path)
-
-
-def _check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
-    """The checkpoint `trainer.resume` names exists; a new run never starts in a dir that holds one."""
-    from mrl.checkpoint import resolve_resume
-    from mrl.tracking import METRICS_FILE
-
-    if resolve_resume(cfg.trainer.resume, run_dir) is None and (run_dir / METRICS_FILE).exists():
-        raise UserError(f"{run_dir} already holds a run ({METRICS_FILE}); continue it with trainer.resume=true, "
-                        "or start this one in another hydra.run.dir")
 
 
 def check_yaml_syntax(config_dirs: list[str]) -> None:

@@ -67,6 +67,6 @@ class CalcAgent:
 
 
 def final_answer(episode: Episode) -> int | None:
-    """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a turn that only called -> None."""
+    """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a call alone -> None."""
     found = INTEGER.findall(episode.turns[-1]) if episode.turns else []
     return int(found[-1]) if found else None
