@@ -102,9 +102,9 @@ def test_a_misspelt_channel_in_a_users_rewards_yaml_is_named():
     assert "_target_" in message
 
 
-def test_the_default_config_and_every_preset_pass(tmp_path):
+def test_the_default_config_and_every_preset_pass():
     for algo in ALGOS:
-        validate(compose_config(f"algo={algo}"), tmp_path / algo)
+        validate(compose_config(f"algo={algo}"))
 
 
 @pytest.mark.parametrize("rewards", REWARDS)
