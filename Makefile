@@ -39,7 +39,7 @@ TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_p
 	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=20 \
 	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
 
-train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (slow: ~2-3 min a step, see README)
+train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (20 steps: ~30 min on a busy 2-core box, see README)
 	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
