@@ -244,7 +244,7 @@ class Preflight(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            validate(config, Path(config.hydra.run.dir))
+            validate(config)
         except UserError as err:
             _refuse(err)
 
@@ -267,6 +267,6 @@ class Preflight(Callback):
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = job_cfg.hydra.job.num = num
             try:
-                validate(job_cfg, Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir))
+                validate(job_cfg)
             except UserError as err:
                 _refuse(err, f"job #{num} ({' '.join(job)}): ")
