@@ -22,6 +22,7 @@ verifies the checksums and falls back to the previous intact checkpoint (mrl.run
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -98,10 +99,12 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
         free = shutil.disk_usage(root).free
         reason = (err.strerror if isinstance(err, OSError) and err.strerror else
                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        # torch.save reports a full disk as "unexpected pos ...": the free space tells
+        full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < 2**26
         raise CheckpointError(
             f"could not write checkpoint {final.name} in {root} ({reason}; {free / 2**20:.0f} MiB free there); "
-            + (f"{previous.name} is intact: free space, then continue with trainer.resume=true"
-               if previous is not None else "no earlier checkpoint exists")
+            + (f"{previous.name} is intact: {'free space' if full else 'fix the cause'}, then continue with "
+               "trainer.resume=true" if previous is not None else "no earlier checkpoint exists")
         ) from err
     shutil.rmtree(aside, ignore_errors=True)
     return final
