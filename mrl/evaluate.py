@@ -1,4 +1,4 @@
-"""`mrl eval RUN_DIR`: per-channel means of a run's latest checkpoint on held-out prompts, greedy and sampled."""
+"""`mrl eval RUN_DIR`: per-channel means of a run's newest intact checkpoint on held-out prompts, greedy and sampled."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from mrl.checkpoint import latest_checkpoint
 from mrl.config import TrainConfig, UserError
 from mrl.loop import pick_device, seed_everything
 from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Sampling, generate
+from mrl.rundir import checkpoint_candidates, newest_intact
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
 
 EVAL_FILE = "eval.json"
@@ -32,12 +32,14 @@ def run_config(run_dir: Path):
 
 
 def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0) -> dict[str, Any]:
-    """Score the latest checkpoint on `num_prompts` held-out prompts: one greedy episode and `samples` sampled
+    """Score the newest intact checkpoint on `num_prompts` held-out prompts: one greedy episode and `samples` sampled
     episodes each.  Writes RUN_DIR/eval.json and returns its content."""
     cfg = run_config(run_dir)
-    checkpoint = latest_checkpoint(run_dir)
+    if not checkpoint_candidates(run_dir):
+        raise UserError(f"{run_dir}: no checkpoint to evaluate (checkpoints/ holds none)")
+    checkpoint, damaged = newest_intact(run_dir)  # a damaged checkpoint is skipped, with a warning
     if checkpoint is None:
-        raise UserError(f"{run_dir}: no checkpoint to evaluate (checkpoints/latest is missing)")
+        raise UserError(f"{run_dir}: no intact checkpoint to evaluate: {damaged}")
     quiet_transformers()
     seed_everything(seed)
     device = pick_device(cfg.trainer.device)

@@ -236,17 +236,25 @@ def resolve_resume(resume: Any, run_dir: Path) -> Path | None:
         if not path.is_dir() or not checkpoint_candidates(path):
             raise UserError(f"trainer.resume={resume!r}: neither a checkpoint nor a run dir with checkpoints")
         source = path
+    checkpoint, damaged = newest_intact(source)
+    if checkpoint is not None:
+        return checkpoint
+    raise UserError(f"trainer.resume: no intact checkpoint in {source / CHECKPOINTS}: {damaged}; train from scratch in "
+                    "another hydra.run.dir")
+
+
+def newest_intact(run_dir: Path) -> tuple[Path | None, str]:
+    """(the newest checkpoint whose files match their checksums, or None; what was skipped as damaged, in words).
+    Skipping a damaged checkpoint for an older one is said once, as a warning."""
     damaged = []
-    for checkpoint in checkpoint_candidates(source):
+    for checkpoint in checkpoint_candidates(run_dir):
         problem = checkpoint_problem(checkpoint)
         if problem is None:
             if damaged:
-                _warn_once(f"{source / CHECKPOINTS}: skipped {'; '.join(damaged)}; resuming from {checkpoint.name}")
-            return checkpoint
+                _warn_once(f"{run_dir / CHECKPOINTS}: skipped {'; '.join(damaged)}; using {checkpoint.name}")
+            return checkpoint, ""
         damaged.append(f"{checkpoint.name} ({problem})")
-    shown = "; ".join(damaged[:2]) + (f"; and {len(damaged) - 2} more" if len(damaged) > 2 else "")
-    raise UserError(f"trainer.resume: no intact checkpoint in {source / CHECKPOINTS}: {shown}; train from scratch in "
-                    "another hydra.run.dir")
+    return None, "; ".join(damaged[:2]) + (f"; and {len(damaged) - 2} more" if len(damaged) > 2 else "")
 
 
 _WARNED: set[str] = set()

@@ -105,17 +105,22 @@ def _check_bound(bound: Bound, value: Any, key: str | None = None) -> None:
         raise UserError(f"{key}={value}: must be {bound.rule()}{fix}")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise a UserError for the first bad value in `cfg` (the composed conf/train.yaml), or for a path the run
-    would read that is missing.  (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
-    from mrl.algos import ESTIMATORS
-
+def check_values(cfg: DictConfig) -> None:
+    """The checks of one value at a time (CHOICES, BOUNDS): no imports beyond OmegaConf, so they are quick."""
     for key, (choices, fix) in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in choices:
             raise UserError(f"{key}={value!r}: choose one of {', '.join(choices)} ({fix})")
     for bound in BOUNDS:
         _check_bound(bound, OmegaConf.select(cfg, bound.key))
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise a UserError for the first bad value in `cfg` (the composed conf/train.yaml), or for a path the run
+    would read that is missing.  (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
+    check_values(cfg)
+    from mrl.algos import ESTIMATORS  # torch: imported once the plain checks passed, so refusals come fast
+
     t, a = cfg.trainer, cfg.algo
     estimator = ESTIMATORS[a.advantage.value]
     if estimator.group_relative and t.group_size < 2:
@@ -262,11 +267,24 @@ class Preflight(Callback):
         overrides = OverridesParser.create(config_loader=loader).parse_overrides(
             params + list(config.hydra.overrides.task))
         jobs = [job for batch in BasicSweeper.split_arguments(overrides, None) for job in batch]
+        configs = []
         for num, job in enumerate(jobs):
             job_cfg = loader.load_sweep_config(config, list(job))
             with open_dict(job_cfg):
                 job_cfg.hydra.job.id = job_cfg.hydra.job.num = num
-            try:
-                validate(job_cfg)
-            except UserError as err:
-                _refuse(err, f"job #{num} ({' '.join(job)}): ")
+            configs.append(job_cfg)
+        # The quick checks of every job first: a bad value in the last job is refused as fast as one in the first.
+        # Then each job's full checks, its run dir's included (a rerun sweep must not mix into finished jobs).
+        for check in (check_values, _check_job):
+            for num, (job, job_cfg) in enumerate(zip(jobs, configs)):
+                try:
+                    check(job_cfg)
+                except UserError as err:
+                    _refuse(err, f"job #{num} ({' '.join(job)}): ")
+
+
+def _check_job(job_cfg: DictConfig) -> None:
+    from mrl.rundir import check_run_dir
+
+    validate(job_cfg)
+    check_run_dir(job_cfg, Path(job_cfg.hydra.sweep.dir) / str(job_cfg.hydra.sweep.subdir))

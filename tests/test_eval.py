@@ -22,11 +22,12 @@ def mrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
-    """A 3-step run of the default config (2 prompts x 4 rollouts), trained once for this module."""
+    """A 3-step run of the default config (2 prompts x 4 rollouts), checkpointed at every step, trained once for this
+    module."""
     root = tmp_path_factory.mktemp("eval")
     run = root / "run"
-    result = mrl("train", "trainer.max_steps=3", "trainer.prompts_per_step=2", "trainer.group_size=4", "logger=none",
-                 f"hydra.run.dir={run}", cwd=root)
+    result = mrl("train", "trainer.max_steps=3", "trainer.save_every=1", "trainer.prompts_per_step=2",
+                 "trainer.group_size=4", "logger=none", f"hydra.run.dir={run}", cwd=root)
     assert result.returncode == 0, result.stderr
     assert (run / "checkpoints" / "latest").exists()
     return run
@@ -78,4 +79,26 @@ def test_eval_of_a_run_without_checkpoints(trained_run, tmp_path):
     assert (run / ".hydra" / "overrides.yaml").exists() and not (run / "checkpoints").exists()
     line = one_line_error(mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path))
     assert "no checkpoint" in line
+    assert not (run / "eval.json").exists()
+
+
+def test_eval_skips_a_damaged_checkpoint_for_the_newest_intact_one(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval.json"))
+    weights = next((run / "checkpoints" / "step_000003").rglob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-64])  # cut short, as by a crash mid-copy
+    result = mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Held-out prompts: 2 (step_000002)" in result.stdout
+    assert "skipped step_000003" in result.stderr and "using step_000002" in result.stderr
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == "step_000002"
+
+
+def test_eval_with_every_checkpoint_damaged(trained_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval.json"))
+    for weights in (run / "checkpoints").rglob("*.safetensors"):
+        weights.write_bytes(b"")
+    line = one_line_error(mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path))
+    assert "no intact checkpoint to evaluate" in line and "step_000003" in line
     assert not (run / "eval.json").exists()

@@ -132,7 +132,7 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(damage, file, prob
     assert check_run_dir(resume_cfg(), run) == run / CHECKPOINTS / "step_000002"
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and warning[0].startswith("mrl: warning: ")
-    assert "step_000003" in warning[0] and problem in warning[0] and "resuming from step_000002" in warning[0]
+    assert "step_000003" in warning[0] and problem in warning[0] and "using step_000002" in warning[0]
 
 
 def test_training_goes_on_from_the_previous_checkpoint(run):

@@ -223,3 +223,13 @@ def test_cli_multirun_checks_every_job_before_the_sweep_dir_exists(tmp_path):
     result = mrl("train", "-m", *TINY, "trainer.lr=1e-4,-1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert_one_line_error(result, "job #1", "trainer.lr=-1.0", "> 0")
     assert not sweep.exists()
+
+
+def test_cli_multirun_rerun_over_a_finished_sweep_is_refused_before_anything_is_written(tmp_path):
+    sweep = tmp_path / "sweep"
+    first = mrl("train", "-m", *TINY, "trainer.seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = {p: p.read_bytes() if p.is_file() else None for p in sweep.rglob("*")}
+    again = mrl("train", "-m", *TINY, "trainer.seed=0,1", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert_one_line_error(again, "job #0", "already holds a run", "trainer.resume=true")
+    assert {p: p.read_bytes() if p.is_file() else None for p in sweep.rglob("*")} == before  # nothing touched
