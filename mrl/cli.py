@@ -87,7 +87,7 @@ def evaluate(
     prompts: int = typer.Option(64, help="Held-out prompts to score."),
     samples: int = typer.Option(4, help="Sampled episodes per prompt (plus one greedy)."),
 ) -> None:
-    """Per-channel means of the run's newest intact checkpoint on held-out prompts, greedy and sampled (table + eval.json)."""
+    """Per-channel means of the run's newest intact checkpoint on held-out prompts, greedy and sampled."""
     from mrl.config import UserError
     from mrl.evaluate import EVAL_FILE, format_table
     from mrl.evaluate import evaluate as run_eval
