@@ -1,9 +1,10 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
-`train_step` is one step, five phases in order, each a function taking and returning plain data: collect (rollouts,
-scored and shaped) -> score_rollouts (old, reference log-probs and values, no gradients) -> the estimator's
-advantages -> update (epochs x mini x micro-batches) -> step_metrics, log_step, checkpoint_if_due.  What the steps
-share (models, task and rewards, sinks, position) is a `Run`, built by `start_run`.
+`train_step` is one step, five phases in order, each a function taking and returning plain data: collect (rollouts
+from the rollout engine, scored and shaped) -> score_rollouts (old, reference log-probs and values, no gradients) ->
+the estimator's advantages -> update (epochs x mini x micro-batches, then the engine's `sync_weights`) ->
+step_metrics, log_step, checkpoint_if_due.  What the steps share (models, rollout engine, task and rewards, sinks,
+position) is a `Run`, built by `start_run`.  The loop never asks which engine generates (mrl.rollout.RolloutEngine).
 
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
@@ -42,7 +43,7 @@ from mrl.episode import agent_metrics, sample_records
 from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
-from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
+from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling, policy_forward, value_forward
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
@@ -84,7 +85,7 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     step_start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    collected = collect(cfg, run.task, run.actor, run.tokenizer, run.reward_set, run.state, device)  # 1. rollouts
+    collected = collect(cfg, run.task, run.engine, run.tokenizer, run.reward_set, run.state)  # 1. rollouts
     run.failing.update(torch.cat([r.failed for r in collected.rounds]))  # stop rather than train on nothing
     rollout_s = time.perf_counter() - step_start
     update_start = time.perf_counter()
@@ -99,8 +100,11 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     loss_mask = mask * collected.keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
-    sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
-        cfg, run.actor, run.critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
+    sums, mini_batches = {}, 0
+    if not collected.skip_update:  # 4. optimizer steps; then the rollout engine samples the new weights
+        sums, mini_batches = update(cfg, run.actor, run.critic, batch, loss_mask, advantages, returns, old_logprobs,
+                                    ref_logprobs, old_values)
+        run.engine.sync_weights(run.actor.module.policy)
     run.updating = False
     update_s = time.perf_counter() - update_start
 
@@ -131,6 +135,7 @@ class Run:
     actor: Trainable  # the policy (with a value head for PPO+head) and its optimizer
     critic: Trainable | None  # PPO's separate value model
     reference: Actor | None  # frozen, when algo.kl_coef > 0
+    engine: RolloutEngine  # generates the rollouts (rollout.engine)
     task: Any
     reward_set: RewardSet
     estimator: Estimator
@@ -176,7 +181,8 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
         if cfg.logger.backend == "wandb" else None
     progress = Progress(trainer.max_steps, state["step"], reward_set.names, cfg.logger.log_every)
-    return Run(run_dir, device, tokenizer, actor, critic, reference, task, reward_set, estimator,
+    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
+    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
                run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
 
@@ -272,23 +278,21 @@ class Collected:
     skip_update: bool  # dynamic sampling found no live group: no optimizer step
 
 
-def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, state: dict, device) -> Collected:
-    """Phase 1: B prompts x G samples, scored per channel and shaped (conditions, vetoes).
+def collect(cfg: DictConfig, task, engine: RolloutEngine, tokenizer, reward_set, state: dict) -> Collected:
+    """Phase 1: B prompts x G samples from the rollout engine, scored per channel and shaped (conditions, vetoes).
 
     With dynamic sampling, groups in which no task channel varies *after shaping* (what the update trains on) are
     dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
     """
     algo, trainer = cfg.algo, cfg.trainer
     B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
-    actor.module.eval()
     rounds: list[Rollouts] = []
     live_parts: list[Rollouts] = []
     num_live = 0
     while True:
         prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
         state["prompt_position"] += B
-        rollouts = generate(actor.module.policy, tokenizer, prompts, G, Sampling.of(trainer),
-                            episode_protocol(cfg, tokenizer, task), device)
+        rollouts = engine.generate(prompts, G, Sampling.of(trainer), episode_protocol(cfg, tokenizer, task))
         rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
         rounds.append(rollouts)
         if not algo.dynamic_sampling:

@@ -109,11 +109,16 @@ def validate(cfg: DictConfig) -> None:
     """Raise a UserError for the first bad value in `cfg` (the composed conf/train.yaml), or for a path the run
     would read that is missing.  (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     from mrl.algos import ESTIMATORS
+    from mrl.rollout import ROLLOUT_ENGINES
 
     for key, (choices, fix) in CHOICES.items():
         value = OmegaConf.select(cfg, key)
         if value not in choices:
             raise UserError(f"{key}={value!r}: choose one of {', '.join(choices)} ({fix})")
+    if cfg.rollout.engine not in ROLLOUT_ENGINES:
+        raise UserError(f"rollout.engine={cfg.rollout.engine!r}: choose one of {', '.join(ROLLOUT_ENGINES)} (the "
+                        "engine that generates rollouts, registered in mrl/rollout.py's ROLLOUT_ENGINES; hf samples "
+                        "from the training module with HF generate)")
     for bound in BOUNDS:
         _check_bound(bound, OmegaConf.select(cfg, bound.key))
     t, a = cfg.trainer, cfg.algo
