@@ -105,7 +105,6 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
         sums, mini_batches = update(cfg, run.actor, run.critic, batch, loss_mask, advantages, returns, old_logprobs,
                                     ref_logprobs, old_values)
         run.engine.sync_weights(run.actor.module.policy)
-    run.updating = False
     update_s = time.perf_counter() - update_start
 
     run.state["step"] = step  # 5. log and checkpoint
@@ -121,6 +120,7 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     metrics.update(agent_metrics([e for r in collected.rounds for e in r.episodes]))
     log_step(cfg, run, step, metrics, collected)
     run.completed = dict(run.state)
+    run.updating = False
     checkpoint_if_due(cfg, run, step)
     return metrics
 
@@ -145,9 +145,10 @@ class Run:
     progress: Progress
     identity: dict[str, Any]  # goes into every checkpoint's manifest
     state: dict[str, int]  # {"step", "prompt_position"}: what a checkpoint records; the step under way
-    completed: dict[str, int]  # the state of the last completed step: what a stop outside the update saves
+    completed: dict[str, int]  # the state of the last completed step: what a stop before an update saves
     saved_step: int  # the last step checkpointed
-    updating: bool = False  # between the first optimizer step of a step and its end, the weights are mid-update
+    # From a step's first optimizer step to its end (logged), the weights are no longer the last completed step's.
+    updating: bool = False
 
     def close(self) -> None:
         self.progress.close()
@@ -229,9 +230,11 @@ def checkpoint_if_due(cfg: DictConfig, run: Run, step: int) -> None:
 
 
 def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
-    """A crash (a failing reward channel), SIGTERM or Ctrl-C outside the update: keep the last completed step's
+    """A crash (a failing reward channel), SIGTERM or Ctrl-C before a step's update: keep the last completed step's
     weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
-    After a failed checkpoint write, another attempt would fail the same way."""
+    From the update to the step's end nothing is saved: the weights have moved past the last completed step (a
+    signal there waits for the step's end instead).  After a failed checkpoint write, another attempt would fail
+    the same way."""
     if run.updating or run.completed["step"] <= run.saved_step or isinstance(err, CheckpointError):
         return
     stop.defer()
