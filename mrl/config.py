@@ -221,6 +221,14 @@ class TrainerConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """How rollouts are generated: an engine from the registry in mrl/rollout.py (ROLLOUT_ENGINES)."""
+
+    # hf: mrl's turn loop over HF generate on the training module itself.  (A vLLM engine: see the README.)
+    engine: str = "hf"
+
+
+@dataclass
 class DataConfig:
     """Prompts from a local dataset instead of the task's built-in generator (see mrl/data.py for the schema)."""
 
@@ -237,6 +245,7 @@ class TrainConfig:
     deepspeed: DeepSpeedConfig = MISSING
     logger: LoggerConfig = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
 
 

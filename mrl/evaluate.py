@@ -13,7 +13,7 @@ from mrl.config import TrainConfig, UserError
 from mrl.loop import pick_device, seed_everything
 from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import Sampling, generate
+from mrl.rollout import ROLLOUT_ENGINES, Sampling
 from mrl.rundir import checkpoint_candidates, newest_intact
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
 
@@ -48,10 +48,11 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     task = build_task(cfg)
     prompts = held_out_prompts(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
+    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, policy, tokenizer, device)
     report: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": checkpoint.name, "prompts": len(prompts)}
     for mode, group_size, greedy in (("greedy", 1, True), ("sampled", samples, False)):
-        rollouts = generate(policy, tokenizer, prompts, group_size, Sampling.of(cfg.trainer, greedy),
-                            episode_protocol(cfg, tokenizer, task), device)
+        rollouts = engine.generate(prompts, group_size, Sampling.of(cfg.trainer, greedy),
+                                   episode_protocol(cfg, tokenizer, task))
         rewards, _ = reward_set.score(rollouts.episodes, "drop")
         report[mode] = {name: _nanmean(rewards[:, k]) for k, name in enumerate(reward_set.names)
                         if reward_set.specs[k].fn is not None}

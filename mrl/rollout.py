@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -262,6 +263,41 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     completion_attention = _right_pad([[1] * len(c) for c in completions], 0, device)  # [N, T]: padding is 0
     return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, completion_attention, episodes,
                     group_size)
+
+
+class RolloutEngine(Protocol):
+    """Generation, behind one seam: prompts, G, sampling settings and the episode protocol in, `Rollouts` out,
+    token-in/token-out (the ids trained on are the ids sampled).  The loop calls `sync_weights` after every update,
+    so that the next rollouts sample the new weights; an engine that samples from the training module itself has
+    nothing to do there.  Implementations are built by name from `ROLLOUT_ENGINES` (config: `rollout.engine`)."""
+
+    def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
+                 protocol: ToolProtocol) -> Rollouts: ...
+
+    def sync_weights(self, policy: torch.nn.Module) -> None: ...
+
+
+class HFEngine:
+    """`generate` above: mrl's own turn loop over HF `generate`, on the live training module (a shared prompt KV
+    cache per group).  Nothing to sync: it samples from the weights the optimizer just stepped."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device):
+        self.model, self.tokenizer, self.device = model, tokenizer, device
+
+    def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
+                 protocol: ToolProtocol) -> Rollouts:
+        self.model.eval()  # the update leaves it in train mode (gradient checkpointing, dropout)
+        return generate(self.model, self.tokenizer, prompts, group_size, sampling, protocol, self.device)
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        pass
+
+
+# rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live
+# policy, so an engine holding its own copy of the weights starts from the run's (a resume's included).
+ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], RolloutEngine]] = {
+    "hf": lambda cfg, policy, tokenizer, device: HFEngine(policy, tokenizer, device),
+}
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:

@@ -120,7 +120,12 @@ def validate(cfg: DictConfig) -> None:
     would read that is missing.  (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     check_values(cfg)
     from mrl.algos import ESTIMATORS  # torch: imported once the plain checks passed, so refusals come fast
+    from mrl.rollout import ROLLOUT_ENGINES
 
+    if cfg.rollout.engine not in ROLLOUT_ENGINES:
+        raise UserError(f"rollout.engine={cfg.rollout.engine!r}: choose one of {', '.join(ROLLOUT_ENGINES)} (the "
+                        "engine that generates rollouts, registered in mrl/rollout.py's ROLLOUT_ENGINES; hf samples "
+                        "from the training module with HF generate)")
     t, a = cfg.trainer, cfg.algo
     estimator = ESTIMATORS[a.advantage.value]
     if estimator.group_relative and t.group_size < 2:

@@ -222,6 +222,25 @@ def test_sigterm_during_the_update_finishes_the_step_first(run, monkeypatch, cap
     assert "SIGTERM: stopping after this step" in capfd.readouterr().err  # written by the signal handler
 
 
+def test_a_crash_after_the_update_saves_no_checkpoint_of_weights_that_moved_on(run, monkeypatch):
+    """A crash while step 5 is logged, its update done: saving those weights as step 4's would resume step 5's
+    data on weights that already learned from it.  Nothing is saved; step 3's checkpoint stands."""
+    import mrl.loop
+
+    real_log_step = mrl.loop.log_step
+
+    def log_step(cfg, run_, step, metrics, collected):
+        if step == 5:
+            raise OSError(errno.EIO, "metrics.jsonl: input/output error")
+        real_log_step(cfg, run_, step, metrics, collected)
+
+    monkeypatch.setattr(mrl.loop, "log_step", log_step)
+    with pytest.raises(OSError, match="input/output error"):
+        train(resume_cfg("trainer.max_steps=8"), run)
+    assert steps(run) == [1, 2, 3, 4]
+    assert latest_checkpoint(run).name == "step_000003"  # the old code: step_000004, holding step 5's weights
+
+
 # ---- disk full ---------------------------------------------------------------------------------------------------
 
 def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(run, monkeypatch):

@@ -56,6 +56,7 @@ BAD_VALUES = {
     "logger.backend=tensorboard": ["logger.backend='tensorboard'", "wandb, none"],
     "logger.mode=live": ["logger.mode='live'", "offline, online, disabled"],
     "logger.log_every=0": ["logger.log_every=0", ">= 1"],
+    "rollout.engine=vllm": ["rollout.engine='vllm'", "choose one of hf", "ROLLOUT_ENGINES"],
     "trainer.device=gpu": ["trainer.device='gpu'", "auto", "cpu"],
     "rewards.channels.efficiency.weight=nan": ["rewards.channels.efficiency.weight=nan", "finite"],
     "rewards.channels.correctness.enforce=veto": ["rewards.channels.correctness.enforce", "kind=constraint"],
