@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
+# DeepSpeed's compiled ops: cached per Python environment by mrl.engine.torch_extensions_dir (unless set here)
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
