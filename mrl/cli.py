@@ -99,7 +99,7 @@ def hydra_train() -> None:
     try:
         main()
     except SystemExit as err:
-        code = err.code if isinstance(err.code, int) else 1
+        code = 0 if err.code is None else err.code if isinstance(err.code, int) else 1
         raise
     except BaseException:
         code = 1

@@ -64,6 +64,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     Returns the last step's metrics."""
     validate(cfg)  # before anything is written
+    dist.init()  # under a launcher: the run's process group (mrl train has started it already)
     with RunDirLock(run_dir) if dist.is_main() else nullcontext():  # rank 0 holds it for every rank
         return train_locked(cfg, run_dir)
 

@@ -200,3 +200,30 @@ def test_two_ranks_average_to_the_one_process_gradient_of_the_global_batch(stage
         assert one[agg]["grad_norm"] > 0
         for key in ("grad_norm", "loss", "weight_sum", "weight_abs"):
             assert two[agg][key] == pytest.approx(one[agg][key], rel=1e-4, abs=1e-6), (agg, key)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_both_ranks_after_a_checkpointed_step(tmp_path):
+    import signal
+    import time
+
+    from mrl.rundir import latest_checkpoint
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
+               "train", "deepspeed=zero2", "trainer.max_steps=500", "trainer.save_every=1000", *TINY,
+               f"hydra.run.dir={run_dir}"]
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    deadline = time.monotonic() + 400
+    while not read_metrics(run_dir / METRICS_FILE) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=120)  # no deadlock: both ranks stop together
+    assert launcher.returncode != 0
+    logged = read_metrics(run_dir / METRICS_FILE)
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None, stderr[-3000:]
+    assert checkpoint.name == f"step_{logged[-1]['step']:06d}"  # the last completed step is saved, by both ranks
+    assert (checkpoint / "deepspeed" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").exists()
