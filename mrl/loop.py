@@ -1,7 +1,9 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
-A step is five phases: collect (rollouts, scored and shaped) -> score_rollouts (old, reference log-probs and values,
-no gradients) -> the estimator's advantages -> update (epochs x mini x micro-batches) -> step_metrics, log, checkpoint.
+`train_step` is one step, five phases in order, each a function taking and returning plain data: collect (rollouts,
+scored and shaped) -> score_rollouts (old, reference log-probs and values, no gradients) -> the estimator's
+advantages -> update (epochs x mini x micro-batches) -> step_metrics, log_step, checkpoint_if_due.  What the steps
+share (models, task and rewards, sinks, position) is a `Run`, built by `start_run`.
 
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
@@ -41,14 +43,14 @@ from torch import Tensor
 
 from mrl import distributed as dist
 from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, first_live
-from mrl.algos import ESTIMATORS
+from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
 from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
-from mrl.rewards.channels import FailureStreaks, build_reward_set
+from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
 from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
@@ -70,13 +72,108 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    run = start_run(cfg, run_dir)
+    stop = StopSignals(agree=dist.max_over_ranks if dist.world_size() > 1 else None)
+    metrics: dict[str, Any] = {}
+    try:
+        for step in range(run.state["step"] + 1, cfg.trainer.max_steps + 1):
+            metrics = train_step(cfg, run, step, stop)
+            stop.check()
+    except BaseException as err:
+        save_on_stop(run, stop, err)
+        raise
+    finally:
+        stop.restore()
+        run.close()
+    return metrics
+
+
+def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
+    """One step, the five phases in order; returns its metrics."""
+    algo, trainer, device = cfg.algo, cfg.trainer, run.device
+    step_start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    collected = collect(cfg, run.task, run.actor, run.tokenizer, run.reward_set, run.state, device)  # 1. rollouts
+    # Stop rather than train on nothing (over every rank's samples: the ranks stop together).
+    run.failing.update(dist.gather_rows(torch.cat([r.failed for r in collected.rounds])))
+    rollout_s = time.perf_counter() - step_start
+    update_start = time.perf_counter()
+    batch = collected.batch
+    mask = batch.completion_mask.float()  # [N, T]
+    with run.actor.whole(), run.critic.whole() if run.critic is not None else nullcontext():
+        old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
+            run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
+            policy=not single_update(cfg))
+    kl_penalty = reward_kl_penalty(algo, old_logprobs, ref_logprobs, mask)  # [N, T] | None
+    advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
+        run.estimator, collected, run.reward_set.weights, mask, old_values, kl_penalty, algo)
+    # Dropped rollouts and lockstep padding rows never enter a loss.
+    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
+    loss_mask = mask * keep.reshape(-1, 1).to(device)
+    stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
+    run.updating = True
+    sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
+        cfg, run.actor, run.critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
+    run.updating = False
+    update_s = time.perf_counter() - update_start
+
+    run.state["step"] = step  # 5. log and checkpoint
+    metrics = step_metrics(step, collected, run.reward_set, run.estimator, algo, advantages, mask, loss_mask,
+                           kl_penalty)
+    metrics.update(update_metrics(sums, mini_batches))
+    generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
+    metrics.update({  # times are rank 0's; memory is the largest rank's
+        "perf/step_s": time.perf_counter() - step_start, "perf/rollout_s": rollout_s,
+        "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
+        "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(device)),
+    })
+    episodes = [e for r in collected.rounds for e in r.episodes]
+    metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
+    log_step(cfg, run, step, metrics, collected)
+    run.completed = dict(run.state)
+    checkpoint_if_due(cfg, run, step)
+    return metrics
+
+
+@dataclass
+class Run:
+    """What the steps share: the models, the task and its rewards, the sinks, and where the run stands."""
+
+    run_dir: Path
+    device: torch.device
+    tokenizer: Any
+    actor: Trainable  # the policy (with a value head for PPO+head) and its optimizer
+    critic: Trainable | None  # PPO's separate value model
+    reference: Actor | None  # frozen, when algo.kl_coef > 0
+    task: Any
+    reward_set: RewardSet
+    estimator: Estimator
+    failing: FailureStreaks
+    metrics_file: MetricsFile
+    wandb: WandbSink | None
+    progress: Progress
+    identity: dict[str, Any]  # goes into every checkpoint's manifest
+    state: dict[str, int]  # {"step", "prompt_position"}: what a checkpoint records; the step under way
+    completed: dict[str, int]  # the state of the last completed step: what a stop outside the update saves
+    saved_step: int  # the last step checkpointed
+    updating: bool = False  # between the first optimizer step of a step and its end, the weights are mid-update
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics_file.close()
+        if self.wandb is not None:
+            self.wandb.close()
+
+
+def start_run(cfg: DictConfig, run_dir: Path) -> Run:
+    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the sinks."""
     algo, trainer = cfg.algo, cfg.trainer
     estimator = ESTIMATORS[algo.advantage.value]
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
     reward_set = build_reward_set(cfg.rewards, algo)
-    weights = reward_set.weights  # [K]
     task = build_task(cfg)
 
     # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
@@ -99,94 +196,64 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         if cfg.logger.backend == "wandb" and dist.is_main() else None
     progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
                                              cfg.logger.log_every))
-    metrics: dict[str, Any] = {}
-    saved_step = completed_step = state["step"]
-    completed_position = state["prompt_position"]
-    updating = False  # between the first optimizer step of a step and its end, the weights are mid-update
-    identity = run_identity(cfg)
-    failing = FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps)
-    stop = StopSignals(agree=dist.max_over_ranks if dist.world_size() > 1 else None)
-    try:
-        for step in range(state["step"] + 1, trainer.max_steps + 1):
-            step_start = time.perf_counter()
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            collected = collect(cfg, task, actor, tokenizer, reward_set, state, device)  # 1. rollouts, scored
-            # Stop rather than train on nothing (over every rank's samples: the ranks stop together).
-            failing.update(dist.gather_rows(torch.cat([r.failed for r in collected.rounds])))
-            rollout_s = time.perf_counter() - step_start
-            update_start = time.perf_counter()
-            batch = collected.batch
-            mask = batch.completion_mask.float()  # [N, T]
-            with actor.whole(), critic.whole() if critic is not None else nullcontext():
-                old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
-                    actor, reference, critic, batch, trainer.micro_batch_size, trainer.temperature,
-                    policy=not single_update(cfg))
-            kl_penalty = (algo.kl_coef * kl_k3(old_logprobs, ref_logprobs) * mask  # [N, T]
-                          if reference is not None and algo.kl_mode == "reward" else None)
-            advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
-                estimator, collected, weights, mask, old_values, kl_penalty, algo)
-            # Dropped rollouts and lockstep padding rows never enter a loss.
-            keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
-            loss_mask = mask * keep.reshape(-1, 1).to(device)
-            stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
-            updating = True
-            sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
-                cfg, actor, critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
-            updating = False
-            update_s = time.perf_counter() - update_start
+    return Run(run_dir, device, tokenizer, actor, critic, reference, task, reward_set, estimator,
+               FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
+               run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
 
-            state["step"] = step  # 5. log and checkpoint
-            metrics = step_metrics(step, collected, reward_set, estimator, algo, advantages, mask, loss_mask,
-                                   kl_penalty)
-            metrics.update(dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()}))
-            # Not measured this step (null in metrics.jsonl): kl without a reference model, loss/value without a
-            # critic, every update metric when dynamic sampling skipped the update.
-            for key in UPDATE_KEYS:
-                metrics.setdefault(key, None)
-            generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
-            metrics.update({  # times are rank 0's; memory is the largest rank's
-                "perf/step_s": time.perf_counter() - step_start, "perf/rollout_s": rollout_s,
-                "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
-                "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(device)),
-            })
-            episodes = [e for r in collected.rounds for e in r.episodes]
-            metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
-            metrics_file.log(metrics)
-            if wandb is not None:
-                wandb.log(metrics)
-            if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():  # transcripts
-                shown = collected.rounds[0]
-                rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
-                samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
-                                         reward_set.names)
-                write_samples(run_dir, samples)
-                if wandb is not None:
-                    wandb.log_samples(step, samples)
-            progress.update(step, metrics)
-            completed_step, completed_position = step, state["prompt_position"]
-            if step % trainer.save_every == 0 or step == trainer.max_steps:
-                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic, identity)
-                saved_step = step
-            stop.check()
-    except BaseException as err:
-        # A crash (a failing reward channel), SIGTERM or Ctrl-C outside the update: keep the last completed step's
-        # weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
-        # After a failed checkpoint write, another attempt would fail the same way.
-        # Several ranks save only on a stop they agreed on (StopSignals.check): a rank that fails alone cannot.
-        agreed = dist.world_size() == 1 or getattr(err, "agreed", False)
-        if agreed and not updating and completed_step > saved_step and not isinstance(err, CheckpointError):
-            stop.defer()
-            state.update(step=completed_step, prompt_position=completed_position)
-            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic, identity)
-        raise
-    finally:
-        stop.restore()
-        progress.close()
-        metrics_file.close()
-        if wandb is not None:
-            wandb.close()
+
+def reward_kl_penalty(algo, old_logprobs: Tensor | None, ref_logprobs: Tensor | None,
+                      mask: Tensor) -> Tensor | None:
+    """PPO's per-token KL penalty in the reward (algo.kl_mode=reward), [N, T]; None without a reference model or
+    with KL in the loss."""
+    if ref_logprobs is None or algo.kl_mode != "reward":
+        return None
+    return algo.kl_coef * kl_k3(old_logprobs, ref_logprobs) * mask
+
+
+def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
+    """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
+    without a reference model, loss/value without a critic, every one when dynamic sampling skipped the update."""
+    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()})
+    for key in UPDATE_KEYS:
+        metrics.setdefault(key, None)
     return metrics
+
+
+def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
+    """Phase 5: metrics.jsonl, W&B, transcripts every `logger.samples_every` steps (one per group), the progress bar."""
+    run.metrics_file.log(metrics)
+    if run.wandb is not None:
+        run.wandb.log(metrics)
+    if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():
+        shown = collected.rounds[0]
+        rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
+        samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
+                                 run.reward_set.names)
+        write_samples(run.run_dir, samples)
+        if run.wandb is not None:
+            run.wandb.log_samples(step, samples)
+    run.progress.update(step, metrics)
+
+
+def checkpoint_if_due(cfg: DictConfig, run: Run, step: int) -> None:
+    """Phase 5: every `trainer.save_every` steps and after the last."""
+    if step % cfg.trainer.save_every == 0 or step == cfg.trainer.max_steps:
+        save_checkpoint(run.run_dir, step, dict(run.state), run.actor, run.tokenizer, run.critic, run.identity)
+        run.saved_step = step
+
+
+def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
+    """A crash (a failing reward channel), SIGTERM or Ctrl-C outside the update: keep the last completed step's
+    weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
+    After a failed checkpoint write, another attempt would fail the same way."""
+    if run.updating or run.completed["step"] <= run.saved_step or isinstance(err, CheckpointError):
+        return
+    if dist.world_size() > 1 and not getattr(err, "agreed", False):  # a rank stopped alone: the others cannot save
+        return
+    stop.defer()
+    run.state.update(run.completed)
+    save_checkpoint(run.run_dir, run.completed["step"], dict(run.state), run.actor, run.tokenizer, run.critic,
+                    run.identity)
 
 
 def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None):
