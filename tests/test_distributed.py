@@ -134,9 +134,21 @@ def _env() -> dict[str, str]:
 
 
 def torchrun(nproc: int, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The launcher and its ranks in a session of their own: on a timeout all of them are killed, not only the
+    launcher (ranks left behind would hold the CPU for the tests after)."""
+    import signal
+
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=_env(), timeout=timeout)
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_env(), start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{nproc} ranks did not finish in {timeout} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _check(result: subprocess.CompletedProcess) -> None:
@@ -214,13 +226,17 @@ def test_sigterm_to_the_launcher_stops_both_ranks_after_a_checkpointed_step(tmp_
                "train", "deepspeed=zero2", "trainer.max_steps=500", "trainer.save_every=1000", *TINY,
                f"hydra.run.dir={run_dir}"]
     launcher = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, start_new_session=True)
     deadline = time.monotonic() + 400
     while not read_metrics(run_dir / METRICS_FILE) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert launcher.poll() is None, launcher.communicate()[1][-3000:]
     launcher.send_signal(signal.SIGTERM)
-    _, stderr = launcher.communicate(timeout=120)  # no deadlock: both ranks stop together
+    try:
+        _, stderr = launcher.communicate(timeout=120)  # no deadlock: both ranks stop together
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        pytest.fail("the ranks did not stop within 120 s of SIGTERM")
     assert launcher.returncode != 0
     logged = read_metrics(run_dir / METRICS_FILE)
     checkpoint = latest_checkpoint(run_dir)
