@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} OMP_NUM_THREADS=1 CUDA_VISIBLE
 "$PY" -c "import torch, deepspeed, hydra, transformers, typer, rich; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'cores', __import__('os').cpu_count())"
 STEPS=${STEPS:-30}
 for n in 1 2; do
-  start=$(date +%s%N)
+  rm -rf "$OUT/run$n"; start=$(date +%s%N)
   timeout 300 "$PY" -m torch.distributed.run --standalone --nproc_per_node=$n -m mrl train deepspeed=zero2 \
     trainer.device=cpu trainer.max_steps=$STEPS logger=none hydra.run.dir="$OUT/run$n" > "$OUT/run$n.log" 2>&1
   rc=$?
