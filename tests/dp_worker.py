@@ -57,11 +57,12 @@ def grads(out: str, stage: int) -> None:
         tokenizer, actor, _, _ = build_models(cfg, estimator, device)
         reward_set = build_reward_set(cfg.rewards, cfg.algo)
         world = dist.world_size()
-        # The same 8 rollouts on every rank: generate as one process would (shard of 1 rank), same seed.
-        os.environ["WORLD_SIZE"] = "1"
+        # The same 8 rollouts on every rank: generate as one process would (rank 0 of 1: all prompts), same seed.
+        rank = os.environ["RANK"]
+        os.environ.update(WORLD_SIZE="1", RANK="0")
         seed_everything(1)
         full = collect(cfg, build_task(cfg), actor, tokenizer, reward_set, {"step": 0, "prompt_position": 0}, device)
-        os.environ["WORLD_SIZE"] = str(world)
+        os.environ.update(WORLD_SIZE=str(world), RANK=rank)
         batch = full.batch
         generator = torch.Generator().manual_seed(2)
         advantages = torch.randn(8, 1, generator=generator) * batch.completion_mask.float()  # [8, T]
