@@ -5,13 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
+# DeepSpeed's compiled ops: cached per Python environment by mrl.engine.torch_extensions_dir (unless set here)
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow dp-check lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and Sm
 bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a 152k vocabulary (~10-30 min)
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench_memory.py $(ARGS)
+
+dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ranks (ZeRO-2, gloo), timed; then the 2-rank tests
+	OUT=outputs/dp-check PYTHON=$(BIN)/python scripts/dp_cpu_check.sh
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

@@ -109,6 +109,15 @@ def dead_groups(rewards: Tensor) -> Tensor:
     return ~varies(rewards).squeeze(1).any(dim=-1)
 
 
+def first_live(live: Tensor, needed: int) -> Tensor:
+    """live: BoolTensor [B] -> [B]: the first `needed` live groups in order (DAPO fills its batch with them).
+
+    >>> first_live(torch.tensor([False, True, True, False, True]), 2).tolist()
+    [False, True, True, False, False]
+    """
+    return live & (live.cumsum(0) <= needed)
+
+
 def gae_advantages(
     rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
 ) -> tuple[Tensor, Tensor]:

@@ -8,16 +8,22 @@ Layout of run_dir/checkpoints/step_000050/:
   or deepspeed/ (DeepSpeed's own checkpoint: optimizer partitions with their float32 masters)
 A resume loads policy/ (and critic/), then the optimizer's state, whose masters replace the rounded weights: it
 continues exactly whatever model.dtype is (mrl/precision.py).
-  rng.json            Python, NumPy and torch (CPU and CUDA) generator states, as JSON.  mrl unpickles nothing:
-                      optimizer.pt is read with torch.load(weights_only=True) (tensors and plain containers only);
-                      DeepSpeed reads its own deepspeed/ files with full pickle, so resume those only from runs you
-                      trust (the checksums catch damage, not a forged manifest)
+  rng.json            Python, NumPy and torch (CPU and CUDA) generator states, as JSON (one per rank).  mrl
+                      unpickles nothing: optimizer.pt is read with torch.load(weights_only=True) (tensors and plain
+                      containers only); DeepSpeed reads its own deepspeed/ files with full pickle, so resume those
+                      only from runs you trust (the checksums catch damage, not a forged manifest)
   state.json          step and data position
-  manifest.json       every file's size and sha256, and the run's algorithm and reward set (mrl/rundir.py)
+  manifest.json       every file's size and sha256, and the run's algorithm, reward set and number of ranks
+                      (mrl/rundir.py)
 A checkpoint is written to a temporary directory, fsynced with its manifest, and renamed into place; `latest` is
 replaced the same way afterwards.  A crash or SIGKILL mid-save leaves the previous checkpoint and the `latest` pointer
 intact; a write that fails (a full disk) removes its temp dir and raises CheckpointError in one line.  A resume
 verifies the checksums and falls back to the previous intact checkpoint (mrl.rundir.resolve_resume).
+
+Several ranks (mrl/distributed.py): every rank calls save_checkpoint; each writes its DeepSpeed partitions into rank
+0's temporary directory (DeepSpeed's checkpoint calls are collective), rank 0 writes the rest, seals and renames.
+A failure on any rank fails the save on every rank, with rank 0's message.  The run dir must be on a filesystem
+every rank sees (multi-node: a shared one).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from mrl import distributed as dist
 from mrl.engine import DS_TAG, OPTIMIZER_FILE
 from mrl.precision import save_model_dir
 from mrl.rundir import CHECKPOINTS, LATEST, STATE_FILE, atomic_write_text, fsync_dir, latest_checkpoint, seal_checkpoint
@@ -66,8 +73,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def load_rng_state(checkpoint: Path) -> None:
-    set_rng_state(json.loads((checkpoint / RNG_FILE).read_text()))
+def load_rng_state(checkpoint: Path, rank: int = 0) -> None:
+    saved = json.loads((checkpoint / RNG_FILE).read_text())
+    set_rng_state(saved["ranks"][rank] if "ranks" in saved else saved)
 
 
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, tokenizer, critic=None,
@@ -76,58 +84,90 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
     (mrl.rundir.run_identity) goes into its manifest.  Raises CheckpointError, the previous checkpoint intact, when
     the write fails."""
     root = run_dir / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
-    tmp = root / f".{final.name}.tmp{os.getpid()}"
+    tmp = root / f".{final.name}.tmp{dist.broadcast(os.getpid())}"  # rank 0's: every rank writes into it
     aside = root / f".{final.name}.old{os.getpid()}"
-    for partial in root.glob(".step_*"):  # left by a process killed mid-save (the run dir's lock: none writes now)
-        shutil.rmtree(partial, ignore_errors=True)
+    main = dist.is_main()
+    failure: Exception | None = None
     try:
-        tmp.mkdir()
-        write_checkpoint_files(tmp, state, actor, tokenizer, critic)
-        seal_checkpoint(tmp, identity or {})
-        if final.exists():  # re-saving a step after a resume from an earlier one: keep it until the new one is in
-            os.replace(final, aside)
-        os.replace(tmp, final)
-        fsync_dir(root)
-        atomic_write_text(root / LATEST, final.name)
+        if main:
+            root.mkdir(parents=True, exist_ok=True)
+            for partial in root.glob(".step_*"):  # left by a process killed mid-save (the lock: none writes now)
+                shutil.rmtree(partial, ignore_errors=True)
+            tmp.mkdir()
     except Exception as err:
+        failure = err
+    if dist.all_agree(failure is None):
+        try:
+            write_checkpoint_files(tmp, state, actor, tokenizer, critic)  # every rank: its part
+        except Exception as err:
+            failure = err
+    reasons = [r for r in dist.gather_objects(None if failure is None else _reason(failure)) if r is not None]
+    if not reasons and main:
+        try:
+            seal_checkpoint(tmp, identity or {})
+            if final.exists():  # re-saving a step after a resume from an earlier one: keep it until the new one is in
+                os.replace(final, aside)
+            os.replace(tmp, final)
+            fsync_dir(root)
+            atomic_write_text(root / LATEST, final.name)
+        except Exception as err:
+            failure = err
+            reasons = [_reason(err)]
+    message = None
+    if reasons and main:
         shutil.rmtree(tmp, ignore_errors=True)
         if aside.exists() and not final.exists():
             os.replace(aside, final)
         previous = latest_checkpoint(run_dir)
-        free = shutil.disk_usage(root).free
-        reason = (err.strerror if isinstance(err, OSError) and err.strerror else
-                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        free = shutil.disk_usage(root if root.exists() else run_dir).free
         # torch.save reports a full disk as "unexpected pos ...": the free space tells
-        full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < 2**26
-        raise CheckpointError(
-            f"could not write checkpoint {final.name} in {root} ({reason}; {free / 2**20:.0f} MiB free there); "
-            + (f"{previous.name} is intact: {'free space' if full else 'fix the cause'}, then continue with "
-               "trainer.resume=true" if previous is not None else "no earlier checkpoint exists")
-        ) from err
-    shutil.rmtree(aside, ignore_errors=True)
+        full = getattr(failure, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < 2**26 \
+            or any(os.strerror(errno.ENOSPC) in r for r in reasons)
+        message = (f"could not write checkpoint {final.name} in {root} ({reasons[0]}; {free / 2**20:.0f} MiB free "
+                   "there); " + (f"{previous.name} is intact: {'free space' if full else 'fix the cause'}, then "
+                                  "continue with trainer.resume=true" if previous is not None
+                                  else "no earlier checkpoint exists"))
+    message = dist.broadcast(message)
+    if message is not None:
+        raise CheckpointError(message) from failure
+    if main:
+        shutil.rmtree(aside, ignore_errors=True)
     return final
 
 
+def _reason(err: Exception) -> str:
+    return (err.strerror if isinstance(err, OSError) and err.strerror else
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+
+
 def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokenizer, critic) -> None:
+    """Every rank calls it: the ZeRO-3 weight gather and DeepSpeed's save are collective; rank 0 writes the model
+    directories, the heads, the RNG states of all ranks and state.json."""
+    main = dist.is_main()
     weights = actor.full_state_dict()
-    policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
-    save_model_dir(actor.module.policy, directory / "policy", policy_weights, actor.precision.export)
-    tokenizer.save_pretrained(directory / "policy")
-    head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
-    if head:
-        save_file(head, directory / "value_head.safetensors")
+    if main:
+        policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
+        save_model_dir(actor.module.policy, directory / "policy", policy_weights, actor.precision.export)
+        tokenizer.save_pretrained(directory / "policy")
+        head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
+        if head:
+            save_file(head, directory / "value_head.safetensors")
     actor.save_optimizer(directory)
     if critic is not None:
         critic_weights = critic.full_state_dict()
-        backbone = {k.removeprefix("backbone."): v for k, v in critic_weights.items() if k.startswith("backbone.")}
-        save_model_dir(critic.module.backbone, directory / "critic", backbone, critic.precision.export)
-        save_file({k: v.contiguous() for k, v in critic_weights.items() if k.startswith("value_head.")},
-                  directory / "critic_head.safetensors")
+        if main:
+            backbone = {k.removeprefix("backbone."): v for k, v in critic_weights.items()
+                        if k.startswith("backbone.")}
+            save_model_dir(critic.module.backbone, directory / "critic", backbone, critic.precision.export)
+            save_file({k: v.contiguous() for k, v in critic_weights.items() if k.startswith("value_head.")},
+                      directory / "critic_head.safetensors")
+        dist.barrier()  # critic/ exists before the ranks write DeepSpeed's files into it
         critic.save_optimizer(directory / "critic")
-    (directory / RNG_FILE).write_text(json.dumps(rng_state()))
-    (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
+    rngs = dist.gather_objects(rng_state())
+    if main:
+        (directory / RNG_FILE).write_text(json.dumps(rngs[0] if len(rngs) == 1 else {"ranks": rngs}))
+        (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -1,6 +1,13 @@
 """The `mrl` command.  `mrl train ...` hands its arguments, unchanged, to a real @hydra.main function, so
 overrides, -m/--multirun, --cfg and --help behave exactly as in any Hydra app (Hydra's compose API has no multirun
-and no run dir)."""
+and no run dir).
+
+Under a launcher (`torchrun ... -m mrl train`, `deepspeed ... --module mrl train`: mrl/distributed.py) the ranks
+agree on one run dir before any of them writes: rank 0 runs Hydra as a single process would (its callbacks validate,
+lock and check the run dir), then broadcasts the run dir it resolved, `${now:}` included; the other ranks wait for it
+and run Hydra with `hydra.run.dir` set to it, without writing `.hydra/` or a log file there.  When rank 0 stops
+before that (a bad value, a refused run dir, `--cfg job`), the others exit with its exit code, silently: rank 0 has
+said why."""
 
 from __future__ import annotations
 
@@ -14,9 +21,31 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-reward RL for LLM agents: PPO, GRPO, DAPO and GDPO in one transparent loop.")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    print(f"mrl: error: {message}", file=sys.stderr)
+def _fail(message: str, code: int = 2, every_rank: bool = False) -> None:
+    """Print one line and exit.  Under a launcher only rank 0 prints an error that every rank meets alike (a config
+    error, an agreed stop); `every_rank` for one that a rank may meet alone (a reward channel failing on its rows)."""
+    from mrl import distributed as dist
+
+    if dist.is_main():
+        print(f"mrl: error: {message}", file=sys.stderr)
+    elif every_rank:
+        print(f"mrl: error: [rank {dist.rank()}] {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def strip_launcher_args(args: list[str]) -> list[str]:
+    """The `deepspeed` launcher passes --local_rank=N to the module (LOCAL_RANK is in the environment too).
+
+    >>> strip_launcher_args(["--local_rank=1", "train", "algo=dapo"])
+    ['train', 'algo=dapo']
+    """
+    return [a for a in args if not a.startswith(("--local_rank=", "--local-rank="))]
+
+
+def main() -> None:
+    """`python -m mrl` (mrl/__main__.py), under a launcher or not."""
+    sys.argv = [sys.argv[0], *strip_launcher_args(sys.argv[1:])]
+    app(prog_name="mrl")
 
 
 def hydra_train() -> None:
@@ -25,13 +54,25 @@ def hydra_train() -> None:
     from hydra.core.hydra_config import HydraConfig
 
     import mrl.config  # noqa: F401  registers the schemas
+    from mrl import distributed as dist
     from mrl.config import CONF_DIR, UserError
     from mrl.validation import check_yaml_syntax, config_dirs_in
 
     try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.validation.Preflight
         check_yaml_syntax(config_dirs_in(sys.argv[1:]))
+        if dist.world_size() > 1 and any(a in ("-m", "--multirun") or a.startswith("--multirun=")
+                                         for a in sys.argv[1:]):
+            raise UserError(f"-m/--multirun under a launcher (WORLD_SIZE={dist.world_size()}) is not supported: "
+                            "launch each job of the sweep on its own (one torchrun/deepspeed command per job)")
     except UserError as err:
         _fail(str(err))
+    if dist.world_size() > 1:
+        dist.init()
+        if not dist.is_main():
+            run_dir, code = dist.await_run_dir()
+            if code is not None:  # rank 0 stopped before training and said why
+                raise SystemExit(code)
+            sys.argv += [f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null", "hydra/job_logging=none"]
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def main(cfg) -> None:
@@ -46,14 +87,25 @@ def hydra_train() -> None:
         except UserError as err:
             _fail(str(err))
         except RewardError as err:
-            _fail(f"{err}\n(run dir: {run_dir})", code=1)
+            _fail(f"{err}\n(run dir: {run_dir})", code=1, every_rank=True)
         except CheckpointError as err:  # a full disk: the previous checkpoint is intact
             _fail(str(err), code=1)
         except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
             _fail(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
-        print(f"mrl: run dir {run_dir}")
+        if dist.is_main():
+            print(f"mrl: run dir {run_dir}")
 
-    main()
+    code = 0
+    try:
+        main()
+    except SystemExit as err:
+        code = 0 if err.code is None else err.code if isinstance(err.code, int) else 1
+        raise
+    except BaseException:
+        code = 1
+        raise
+    finally:
+        dist.abandon_run_dir(code)  # rank 0 stopped before announcing its run dir: the others exit too
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})

@@ -10,8 +10,9 @@ plain path, DeepSpeed's partitions in its bf16/fp16 mode.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -24,16 +25,31 @@ OPTIMIZER_FILE = "optimizer.pt"
 
 
 def init_single_process_group(device: torch.device) -> None:
-    """Without the deepspeed launcher, give DeepSpeed a one-process group (gloo on CPU, nccl on GPU)."""
+    """Without a launcher, give DeepSpeed a one-process group (gloo on CPU, nccl on GPU); under one, the launcher's
+    group (mrl.distributed.init)."""
     import deepspeed
     import torch.distributed as dist
 
+    from mrl import distributed
+
+    distributed.init()
     if dist.is_initialized():
         return
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+
+
+def torch_extensions_dir() -> Path:
+    """Where DeepSpeed's compiled C++ ops are cached: one dir per Python environment.  Two venvs sharing one dir
+    rebuild the op in turn (its build flags name the venv's include paths): minutes per DeepSpeed start on a
+    loaded 2-core machine."""
+    import hashlib
+    import sys
+
+    key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
+    return Path.home() / ".cache" / "mrl" / "torch_extensions" / key
 
 
 def free_port() -> int:
@@ -95,7 +111,7 @@ class Trainable:
         params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
             # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run).
-            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mrl" / "torch_extensions"))
+            os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
             import deepspeed
 
             init_single_process_group(device)
@@ -120,6 +136,14 @@ class Trainable:
     def __call__(self, *args, **kwargs):
         return (self.engine or self.module)(*args, **kwargs)
 
+    def whole(self):
+        """A context in which the module holds all its weights and runs without collectives: under ZeRO-3, each
+        rank gathers every parameter once (one all-gather per parameter) and lifts DeepSpeed's hooks, which would
+        otherwise gather each layer's weights again at every forward call, i.e. at every generated token, and make
+        the ranks' forward calls wait for each other.  Costs the whole model's weights (in the compute dtype) on
+        each rank for the context's span; a no-op under ZeRO-0/1/2 and plain PyTorch (weights already whole)."""
+        return _gathered_zero3(self.engine) if self.zero_stage == 3 else nullcontext()
+
     def accumulate(self, loss: torch.Tensor, last: bool) -> float | None:
         """Backward one micro-batch's loss; after the last, clip and step.  Returns the grad norm when it steps."""
         if self.engine is not None:
@@ -139,9 +163,9 @@ class Trainable:
         return float(norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole module's weights on CPU, gathered from ZeRO-3 partitions when needed."""
-        if self.zero_stage == 3:
-            state = self.engine._zero3_consolidated_16bit_state_dict()
+        """The whole module's weights on CPU, gathered from ZeRO-3 partitions when needed (on rank 0 only)."""
+        if self.zero_stage == 3:  # collective: every rank calls it, rank 0 gets the weights (others: {})
+            state = self.engine._zero3_consolidated_16bit_state_dict() or {}
         else:
             state = self.module.state_dict()
         return {k: v.detach().cpu() for k, v in state.items()}
@@ -166,3 +190,25 @@ class Trainable:
         self.scaler.load_state_dict(state["grad_scaler"])
         if state["masters"] is not None:
             self.module.load_state_dict(state["masters"])
+
+
+@contextmanager
+def _gathered_zero3(engine) -> Iterator[None]:
+    """ZeRO-3: all parameters gathered, DeepSpeed's module hooks removed for the span and put back after (as TRL's
+    `unwrap_model_for_generation`)."""
+    import deepspeed
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        for param in engine.module.parameters():
+            param.ds_active_sub_modules.clear()
+        for hook in offload.forward_hooks + offload.backward_hooks:
+            hook.remove()
+        offload.forward_hooks, offload.backward_hooks = [], []
+        try:
+            yield
+        finally:
+            coordinator = getattr(offload, "param_coordinator", None)
+            if coordinator is not None and not coordinator.is_invalid_trace():
+                coordinator._invalidate_trace()  # the forward calls seen inside are not the training step's
+            offload._register_deepspeed_module(offload.module)

@@ -15,6 +15,12 @@ How it departs from the textbook PPO/GRPO loop:
 - losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
   aggregations (seq_mean, token_mean) and for any number of live groups.
 
+Data parallel (mrl/distributed.py; `torchrun ... -m mrl train`): each rank generates whole groups for its share
+of the global `trainer.prompts_per_step`; rewards are gathered from every rank before any batch statistic (the
+advantages, dynamic sampling's choice of live groups, the logged metrics), and losses are divided by global counts,
+so one config is one experiment on 1 or N ranks.  Every rank runs the same micro-batches (DeepSpeed's collectives
+need it): a rank with fewer rows repeats one with a zero loss mask.  Rank 0 alone writes logs.
+
 The run dir is locked while train() runs, and a stop loses no completed step (mrl/rundir.py): SIGTERM or Ctrl-C
 during generation and scoring checkpoints the last completed step at once; during the update, its logs and a
 checkpoint write, the step is finished first.
@@ -25,16 +31,19 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from mrl.advantages import advantage_shares, dead_groups, distinct_per_group
+from mrl import distributed as dist
+from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, first_live
 from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
@@ -58,13 +67,14 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     Returns the last step's metrics."""
     validate(cfg)  # before anything is written
-    with RunDirLock(run_dir):
+    dist.init()  # under a launcher: the run's process group (mrl train has started it already)
+    with RunDirLock(run_dir) if dist.is_main() else nullcontext():  # rank 0 holds it for every rank
         return train_locked(cfg, run_dir)
 
 
 def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run = start_run(cfg, run_dir)
-    stop = StopSignals()
+    stop = StopSignals(agree=dist.max_over_ranks if dist.world_size() > 1 else None)
     metrics: dict[str, Any] = {}
     try:
         for step in range(run.state["step"] + 1, cfg.trainer.max_steps + 1):
@@ -85,19 +95,24 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     step_start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    collected = collect(cfg, run.task, run.engine, run.tokenizer, run.reward_set, run.state)  # 1. rollouts
-    run.failing.update(torch.cat([r.failed for r in collected.rounds]))  # stop rather than train on nothing
+    collected = collect(cfg, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,  # 1. rollouts
+                        run.state)
+    # Stop rather than train on nothing (over every rank's samples: the ranks stop together).
+    run.failing.update(dist.gather_rows(torch.cat([r.failed for r in collected.rounds])))
     rollout_s = time.perf_counter() - step_start
     update_start = time.perf_counter()
     batch = collected.batch
     mask = batch.completion_mask.float()  # [N, T]
-    old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
-        run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
-        policy=not single_update(cfg))
+    with run.actor.whole(), run.critic.whole() if run.critic is not None else nullcontext():
+        old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
+            run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
+            policy=not single_update(cfg))
     kl_penalty = reward_kl_penalty(algo, old_logprobs, ref_logprobs, mask)  # [N, T] | None
-    advantages, returns = run.estimator.token_advantages(  # 3. advantages: [N, T], [N, T] | None
-        collected.shaped.to(device), run.reward_set.weights.to(device), mask, old_values, kl_penalty, algo)
-    loss_mask = mask * collected.keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
+    advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
+        run.estimator, collected, run.reward_set.weights, mask, old_values, kl_penalty, algo)
+    # Dropped rollouts and lockstep padding rows never enter a loss.
+    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
+    loss_mask = mask * keep.reshape(-1, 1).to(device)
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
     sums, mini_batches = {}, 0
@@ -111,13 +126,14 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     metrics = step_metrics(step, collected, run.reward_set, run.estimator, algo, advantages, mask, loss_mask,
                            kl_penalty)
     metrics.update(update_metrics(sums, mini_batches))
-    generated_tokens = sum(int(r.completion_mask.sum()) for r in collected.rounds)
-    metrics.update({
+    generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
+    metrics.update({  # times are rank 0's; memory is the largest rank's
         "perf/step_s": time.perf_counter() - step_start, "perf/rollout_s": rollout_s,
         "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
-        "mem/peak_mb": peak_memory_mb(device),
+        "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(device)),
     })
-    metrics.update(agent_metrics([e for r in collected.rounds for e in r.episodes]))
+    episodes = [e for r in collected.rounds for e in r.episodes]
+    metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
     log_step(cfg, run, step, metrics, collected)
     run.completed = dict(run.state)
     run.updating = False
@@ -167,21 +183,26 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     reward_set = build_reward_set(cfg.rewards, algo)
     task = build_task(cfg)
 
-    resume_from = check_run_dir(cfg, run_dir)  # an intact checkpoint of the same algo and rewards, or a new run
+    # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
+    resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
     tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from)
+    if dist.world_size() > 1:  # identical weights everywhere (above); from here each rank samples its own tokens
+        seed_everything(trainer.seed + 1_000_003 * dist.rank())
 
     state = {"step": 0, "prompt_position": 0}
     if resume_from is not None:
         actor.load_optimizer(resume_from)
         if critic is not None:
             critic.load_optimizer(resume_from / "critic")
-        load_rng_state(resume_from)
+        load_rng_state(resume_from, dist.rank())
         state = json.loads((resume_from / "state.json").read_text())
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
-    metrics_file = MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics)
+    # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
+    metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))
     wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
-        if cfg.logger.backend == "wandb" else None
-    progress = Progress(trainer.max_steps, state["step"], reward_set.names, cfg.logger.log_every)
+        if cfg.logger.backend == "wandb" and dist.is_main() else None
+    progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
+                                             cfg.logger.log_every))
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
     return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
@@ -200,7 +221,7 @@ def reward_kl_penalty(algo, old_logprobs: Tensor | None, ref_logprobs: Tensor | 
 def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
     """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
     without a reference model, loss/value without a critic, every one when dynamic sampling skipped the update."""
-    metrics: dict[str, float | None] = {k: v / max(mini_batches, 1) for k, v in sums.items()}
+    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()})
     for key in UPDATE_KEYS:
         metrics.setdefault(key, None)
     return metrics
@@ -211,7 +232,7 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
     run.metrics_file.log(metrics)
     if run.wandb is not None:
         run.wandb.log(metrics)
-    if cfg.logger.samples_every and step % cfg.logger.samples_every == 0:
+    if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():
         shown = collected.rounds[0]
         rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
         samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
@@ -237,6 +258,8 @@ def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
     the same way."""
     if run.updating or run.completed["step"] <= run.saved_step or isinstance(err, CheckpointError):
         return
+    if dist.world_size() > 1 and not getattr(err, "agreed", False):  # a rank stopped alone: the others cannot save
+        return
     stop.defer()
     run.state.update(run.completed)
     save_checkpoint(run.run_dir, run.completed["step"], dict(run.state), run.actor, run.tokenizer, run.critic,
@@ -247,7 +270,8 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
     """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head) and its
     optimizer, a separate critic with its own (PPO+model), a frozen reference (kl_coef > 0)."""
     algo, trainer = cfg.algo, cfg.trainer
-    init_path = resolve_model_path(cfg.model)
+    with dist.main_first():  # the built-in tiny model is built once, by rank 0
+        init_path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(init_path)
     policy_path = str(resume_from / "policy") if resume_from else init_path
     actor_module = Actor(load_causal_lm(policy_path, cfg.model, device), value_head=algo.critic == "head")
@@ -277,46 +301,103 @@ class Collected:
     shaped: Tensor  # [B', G, K] the batch's rewards after conditions and vetoes, NaN = abstained
     keep: Tensor  # [B', G] bool: rollouts that enter the losses (not dropped by a constraint or a failed channel)
     shaping_stats: dict[str, float]
-    num_live: int  # live groups found (dynamic sampling), or B'
+    num_live: int  # live groups found (dynamic sampling), or B' (over all ranks)
     skip_update: bool  # dynamic sampling found no live group: no optimizer step
+    rows: int = -1  # batch rows that are this rank's groups (B'*G); rows after them are lockstep padding
+
+    def __post_init__(self):
+        if self.rows < 0:
+            self.rows = len(self.batch.episodes)
 
 
-def collect(cfg: DictConfig, task, engine: RolloutEngine, tokenizer, reward_set, state: dict) -> Collected:
+def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], ContextManager], tokenizer, reward_set,
+            state: dict) -> Collected:
     """Phase 1: B prompts x G samples from the rollout engine, scored per channel and shaped (conditions, vetoes).
+    `whole()` is the context in which the policy's weights are whole (Trainable.whole: ZeRO-3 gathers them).
 
     With dynamic sampling, groups in which no task channel varies *after shaping* (what the update trains on) are
     dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
+
+    B is global: this rank generates its shard of each round's prompts (mrl.distributed.shard), and the live groups
+    kept are the first ones in the global order, as on one process, so every rank agrees on the rounds and on the
+    count; the ranks may then hold different numbers of live groups.
     """
     algo, trainer = cfg.algo, cfg.trainer
     B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
+    offset, local_B = dist.shard(B)
     rounds: list[Rollouts] = []
     live_parts: list[Rollouts] = []
     num_live = 0
     while True:
-        prompts = [task.prompt(state["prompt_position"] + i) for i in range(B)]
+        prompts = [task.prompt(state["prompt_position"] + offset + i) for i in range(local_B)]
         state["prompt_position"] += B
-        rollouts = engine.generate(prompts, G, Sampling.of(trainer), episode_protocol(cfg, tokenizer, task))
+        with whole():  # ZeRO-3: the weights gathered once for the round, not at every token
+            rollouts = engine.generate(prompts, G, Sampling.of(trainer), episode_protocol(cfg, tokenizer, task))
         rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
         rounds.append(rollouts)
         if not algo.dynamic_sampling:
             live_parts.append(rollouts)
             num_live = B
             break
-        shaped, _, _ = reward_set.shape(rollouts.rewards.view(B, G, K))
-        live = ~dead_groups(shaped[..., reward_set.task_channels])  # [B]
-        groups = live.nonzero().squeeze(-1)[: B - num_live]
+        shaped, _, _ = reward_set.shape(rollouts.rewards.view(local_B, G, K))
+        live = ~dead_groups(shaped[..., reward_set.task_channels])  # [local_B]
+        chosen = first_live(dist.gather_rows(live), B - num_live)  # [B] over all ranks, in the global order
+        groups = dist.local_rows(chosen, live).nonzero().squeeze(-1)
         if len(groups):
             live_parts.append(rollouts.select_groups(groups))
-        num_live += len(groups)
+        num_live += int(chosen.sum())
         if num_live >= B or len(rounds) >= algo.max_gen_batches:
             break
     # No live group within max_gen_batches: nothing to learn, so no optimizer step (Adam would still move the
     # weights on a zero gradient); the first round stands in for the logs.
-    skip_update = not live_parts
-    batch = Rollouts.concat(live_parts or rounds[:1], tokenizer.pad_token_id)
+    skip_update = num_live == 0
+    batch = (Rollouts.concat(live_parts, tokenizer.pad_token_id) if live_parts
+             else rounds[0] if skip_update else rounds[0].select_groups(torch.zeros(0, dtype=torch.long)))
     shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
     keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
-    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
+    rows = len(batch.episodes)
+    batch = lockstep_batch(batch, rounds[0], tokenizer.pad_token_id)
+    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update, rows)
+
+
+def lockstep_batch(batch: Rollouts, filler: Rollouts, pad_id: int) -> Rollouts:
+    """`batch` grown to the most rows and completion tokens any rank holds: the rows added repeat one rollout (of
+    `filler` when the batch is empty) and are never trained on (the loop zeroes their loss mask).  DeepSpeed needs
+    every rank to run the same micro-batches (a gradient reduction after each backward; under ZeRO-3, parameter
+    gathers at each layer's forward, and at each chunk of the output layer, whose count grows with N x T)."""
+    n, width = len(batch.episodes), batch.completion_ids.shape[1]
+    rows, cols = int(dist.max_over_ranks(n)), int(dist.max_over_ranks(width))
+    if (rows, cols) == (n, width):
+        return batch
+    if rows > n:
+        extra = (batch if n else filler).take(torch.zeros(rows - n, dtype=torch.long))
+        batch = Rollouts.concat([batch, extra], pad_id) if n else extra
+    grow = cols - batch.completion_ids.shape[1]
+    if grow:
+        batch = replace(batch, completion_ids=F.pad(batch.completion_ids, (0, grow), value=pad_id),
+                        completion_mask=F.pad(batch.completion_mask, (0, grow)),
+                        completion_attention=F.pad(batch.completion_attention, (0, grow)))
+    return batch
+
+
+def global_advantages(estimator, collected: Collected, weights: Tensor, mask: Tensor, values: Tensor | None,
+                      kl_penalty: Tensor | None, algo) -> tuple[Tensor, Tensor | None]:
+    """Phase 3: the estimator on every rank's rows (GDPO's batch normalization and PPO's whitening are statistics
+    of the global batch), then this rank's rows.  mask, values, kl_penalty: [N, T] with this rank's padding rows
+    (their advantages are 0) -> (advantages [N, T], returns [N, T] or None)."""
+    mine = mask[:collected.rows]  # [B'*G, T]
+
+    def gathered(x: Tensor | None) -> Tensor | None:
+        return None if x is None else dist.gather_rows(x[:collected.rows])
+
+    advantages, returns = estimator.token_advantages(
+        dist.gather_rows(collected.shaped).to(mask.device), weights.to(mask.device), gathered(mask),
+        gathered(values), gathered(kl_penalty), algo)
+
+    def local(x: Tensor | None) -> Tensor | None:
+        return None if x is None else dist.pad_to(dist.local_rows(x, mine), mask.shape)
+
+    return local(advantages), local(returns)
 
 
 def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: Rollouts, loss_mask: Tensor,
@@ -333,11 +414,17 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
     sums: dict[str, float] = {}
     mini_batches = 0
     for _ in range(algo.epochs):
-        for mini in torch.randperm(loss_mask.shape[0]).chunk(trainer.num_mini_batches):
+        # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
+        for mini in torch.randperm(loss_mask.shape[0]).tensor_split(trainer.num_mini_batches):
+            if not len(mini):
+                continue
             mini_batches += 1
             mini_mask = loss_mask[mini.to(loss_mask.device)]
-            denom = (mini_mask.sum() if algo.loss_agg == "token_mean"
-                     else (mini_mask.sum(-1) > 0).sum()).clamp(min=1).item()
+            # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
+            # then the gradient of the global mini-batch (mrl.distributed.per_rank_denominator).
+            denom = dist.per_rank_denominator((mini_mask.sum() if algo.loss_agg == "token_mean"
+                                               else (mini_mask.sum(-1) > 0).sum()).item())
+            tokens = dist.per_rank_denominator(mini_mask.sum().item())
             micros = mini.split(trainer.micro_batch_size)
             for i, rows in enumerate(micros):
                 rows_d = rows.to(loss_mask.device)
@@ -354,7 +441,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                     kl = kl_k3(logprobs, ref_logprobs[rows_d])
                     if algo.kl_mode == "loss":
                         loss = loss + algo.kl_coef * aggregate(kl, m_mask, algo.loss_agg, denom)
-                    accumulate(sums, "kl", token_mean_part(kl, m_mask, mini_mask))
+                    accumulate(sums, "kl", token_mean_part(kl, m_mask, tokens))
                 if values is not None:  # PPO with a value head on the policy
                     v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d], algo.value_clip),
                                        m_mask, algo.loss_agg, denom)
@@ -370,10 +457,10 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                     accumulate(sums, "loss/value", v_loss.item())
                 accumulate(sums, "loss/policy", aggregate(pg_loss.detach(), m_mask, algo.loss_agg, denom).item())
                 accumulate(sums, "loss/total", loss.item())
-                accumulate(sums, "entropy", token_mean_part(entropy, m_mask, mini_mask))
-                accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, mini_mask))
+                accumulate(sums, "entropy", token_mean_part(entropy, m_mask, tokens))
+                accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, tokens))
                 accumulate(sums, "policy/approx_kl", token_mean_part(kl_k3(logprobs.detach(), old), m_mask,
-                                                                     mini_mask))
+                                                                     tokens))
                 if grad_norm is not None:
                     accumulate(sums, "grad_norm", grad_norm)
     return sums, mini_batches
@@ -381,11 +468,15 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
 
 def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, advantages: Tensor, mask: Tensor,
                  loss_mask: Tensor, kl_penalty: Tensor | None) -> dict[str, Any]:
-    """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller)."""
+    """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller),
+    over every rank's rollouts (gathered; lockstep padding rows left out)."""
     G, K = collected.batch.group_size, len(reward_set.names)
     weights, task_channels = reward_set.weights, reward_set.task_channels
-    all_rewards = torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K)  # [rounds*B, G, K]
-    shaped = collected.shaped  # [B', G, K]
+    all_rewards = dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K))  # [rounds*B,G,K]
+    shaped = dist.gather_rows(collected.shaped)  # [B', G, K]
+    mine = slice(0, collected.rows)
+    advantages, mask, loss_mask = (dist.gather_rows(x[mine]) for x in (advantages, mask, loss_mask))  # [N, T]
+    kl_penalty = dist.gather_rows(kl_penalty[mine]) if kl_penalty is not None else None
     metrics: dict[str, Any] = {"step": step}
     metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
     if kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
@@ -398,15 +489,17 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).any(-1).float().mean().item(),
+        "rewards/failed_frac": dist.gather_rows(torch.cat([r.failed for r in collected.rounds])).any(-1).float()
+        .mean().item(),
         "groups/dead_frac": (None if collected.skip_update
                              else dead_groups(shaped[..., task_channels]).float().mean().item()),
         "dapo/skipped_update": float(collected.skip_update),
         "dapo/gen_batches": len(collected.rounds),
-        "dapo/rollouts_generated": sum(len(r.episodes) for r in collected.rounds),
+        "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
         "dapo/live_groups": collected.num_live,
     })
-    metrics.update(collected.shaping_stats)
+    batch_rewards = dist.gather_rows(collected.batch.rewards[mine]).view(-1, G, K)
+    metrics.update(collected.shaping_stats if dist.world_size() == 1 else reward_set.shape(batch_rewards)[2])
     return metrics
 
 
@@ -444,9 +537,10 @@ def accumulate(sums: dict[str, float], key: str, value: float) -> None:
     sums[key] = sums.get(key, 0.0) + value
 
 
-def token_mean_part(values: Tensor, micro_mask: Tensor, mini_mask: Tensor) -> float:
-    """This micro-batch's share of the token mean of `values` over its mini-batch (summed over micro-batches)."""
-    return ((values.detach() * micro_mask).sum() / mini_mask.sum().clamp(min=1)).item()
+def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:
+    """This micro-batch's share of the token mean of `values` over its mini-batch of `tokens` generated tokens
+    (summed over micro-batches; per rank: mrl.distributed.per_rank_denominator)."""
+    return ((values.detach() * micro_mask).sum() / tokens).item()
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> float:
@@ -498,7 +592,9 @@ def seed_everything(seed: int) -> None:
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and dist.world_size() > 1:  # one GPU per rank on its node
+        name = f"cuda:{dist.local_rank()}"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
     return torch.device(name)

@@ -277,12 +277,20 @@ def run_identity(cfg) -> dict[str, Any]:
     return {
         "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage), "algo.critic": plain(cfg.algo.critic),
         "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels),
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),  # mrl.distributed.world_size, without torch
     }
 
 
 def check_compatible(checkpoint: Path, cfg) -> None:
     recorded = json.loads((checkpoint / MANIFEST).read_text()).get("run") or {}
     current = run_identity(cfg)
+    saved_on, runs_on = recorded.get("world_size", 1), current.pop("world_size")
+    if saved_on != runs_on:
+        launch = (f"torchrun --nproc_per_node={saved_on} -m mrl train ..." if saved_on > 1
+                  else "mrl train ..., without a launcher")
+        raise UserError(f"trainer.resume: {checkpoint} was saved by {saved_on} rank(s) and this run has {runs_on}: "
+                        f"DeepSpeed's optimizer partitions are per rank; resume on {saved_on} ({launch}), or train "
+                        "from scratch in another hydra.run.dir")
     differ = [key for key in current if key in recorded and recorded[key] != current[key]]
     if differ:
         def show(values):
@@ -334,8 +342,13 @@ class RunDirGuard(Callback):
         self.lock: RunDirLock | None = None
 
     def on_run_start(self, config, **kwargs) -> None:
+        from mrl import distributed as dist
+
+        if not dist.is_main():  # rank 0 locked and checked the run dir it gave this rank (mrl.cli)
+            return
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))  # ${now:} is cached: Hydra gets the same dir
         self._guard(run_dir, lambda: check_run_dir(config, run_dir))
+        dist.announce_run_dir(str(run_dir))
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self._guard(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))), lambda: None)
@@ -362,11 +375,13 @@ class RunDirGuard(Callback):
 # ---- SIGTERM and SIGINT ----------------------------------------------------------------------------------------
 
 class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGINT stopped the run (the loop has checkpointed the last completed step)."""
+    """SIGTERM or SIGINT stopped the run (the loop has checkpointed the last completed step).  `agreed`: every rank
+    raised it at the same point (StopSignals.check), so they may checkpoint together."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, agreed: bool = False):
         super().__init__(signum)
         self.signum = signum
+        self.agreed = agreed
 
     def __str__(self) -> str:
         return f"stopped by {signal.Signals(self.signum).name}"
@@ -380,11 +395,17 @@ class StopSignals:
     """SIGTERM and SIGINT, handled alike while the loop runs.  A signal raises `Interrupted` at once while the weights
     are the last completed step's (generation, scoring), and the loop's handler checkpoints that step; between
     `defer()` and `check()` (the update, its logs, a checkpoint write) it waits for the step to end.  A second signal
-    raises at once.  Handlers are installed only from the main thread (Python's rule) and restored by `restore()`."""
+    raises at once.  Handlers are installed only from the main thread (Python's rule) and restored by `restore()`.
+
+    Several ranks (`agree`: this rank's pending signal number, 0 for none -> the largest over the ranks): a first
+    signal always waits for the step's end, where every rank calls `check()` and all stop together, having saved
+    the step.  A rank raising alone would leave the others waiting in a collective (a launcher signals the ranks one
+    by one); the cost is that a stop waits for the step in flight to finish."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, agree=None) -> None:
+        self.agree = agree
         self.deferring = False
         self.pending: int | None = None
         self.previous: dict[int, Any] = {}
@@ -393,7 +414,7 @@ class StopSignals:
                 self.previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
-        if self.deferring and self.pending is None:
+        if (self.deferring or self.agree is not None) and self.pending is None:
             self.pending = signum
             os.write(2, f"mrl: {signal.Signals(signum).name}: stopping after this step and its checkpoint "
                         "(again to stop at once)\n".encode())
@@ -405,7 +426,11 @@ class StopSignals:
 
     def check(self) -> None:
         self.deferring = False
-        if self.pending is not None:
+        if self.agree is not None:
+            signum = int(self.agree(self.pending or 0))
+            if signum:
+                raise Interrupted(signum, agreed=True)
+        elif self.pending is not None:
             raise Interrupted(self.pending)
 
     def restore(self) -> None:

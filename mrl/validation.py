@@ -146,6 +146,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
                         f"{t.max_new_tokens}: the penalty rises over the last overlong_buffer tokens of the budget")
     _check_device(t.device)
+    _check_ranks(cfg)
     configured_channels(cfg.rewards, a)
     _check_inputs(cfg)
 
@@ -160,6 +161,24 @@ def _check_device(name: str) -> None:
                         "or cuda:N") from None
     if device is not None and device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
+
+
+def _check_ranks(cfg: DictConfig) -> None:
+    """Under a launcher (WORLD_SIZE > 1): the global batch splits into whole groups per rank, and DeepSpeed is the
+    one path that averages gradients over ranks (mrl/distributed.py)."""
+    from mrl.distributed import world_size
+
+    world = world_size()
+    if world == 1:
+        return
+    if not cfg.deepspeed.enabled:
+        raise UserError(f"deepspeed=none under a launcher (WORLD_SIZE={world}): the plain PyTorch path trains one "
+                        "process and would let the ranks' weights drift apart; use "
+                        "deepspeed=zero2 (or zero1, zero3), or run on one process")
+    if cfg.trainer.prompts_per_step % world:
+        raise UserError(f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} does not split over {world} ranks: "
+                        "it is the global batch, and each rank generates whole groups for an equal share; use a "
+                        f"multiple of {world} (e.g. {world * max(1, cfg.trainer.prompts_per_step // world)})")
 
 
 def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[str]]:

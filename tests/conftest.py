@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -28,7 +27,9 @@ def _isolated_env(tmp_path_factory):
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     # DeepSpeed compiles a C++ op on first use: keep it in the persistent cache the CLI uses too.
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "mrl" / "torch_extensions"))
+    from mrl.engine import torch_extensions_dir
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     yield
 
 

@@ -173,10 +173,12 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     cost = ChannelSpec("efficiency", lambda episode: -float(episode.num_tokens), 1.0)
     gated = ChannelSpec("efficiency", cost.fn, 1.0, condition_on="correctness", gated_value=-9.0)
     torch.manual_seed(0)
-    raw_live = collect(cfg, build_task(cfg), engine, tokenizer, RewardSet([wrong, cost]), {"prompt_position": 0})
+    raw_live = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, RewardSet([wrong, cost]),
+                       {"prompt_position": 0})
     assert raw_live.num_live == 2 and not raw_live.skip_update  # lengths vary: live without the condition
     torch.manual_seed(0)
-    shaped_dead = collect(cfg, build_task(cfg), engine, tokenizer, RewardSet([wrong, gated]), {"prompt_position": 0})
+    shaped_dead = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, RewardSet([wrong, gated]),
+                          {"prompt_position": 0})
     assert shaped_dead.num_live == 0 and shaped_dead.skip_update
     assert len(shaped_dead.rounds) == 2  # it kept drawing prompts up to max_gen_batches
     assert (shaped_dead.shaped[..., 1] == -9.0).all()

@@ -1,0 +1,101 @@
+"""Run by tests/test_distributed.py under `torchrun`: the real `python -m mrl` entry point, with two probes.
+
+`python tests/dp_worker.py train ...` is `python -m mrl train ...` (mrl.cli.main), except that after each checkpoint
+every rank writes its whole parameters (gathered under ZeRO-3) to RUN_DIR/params_rank<r>_step<k>.pt, so the test
+can compare the ranks' weights; and `grads ...` runs one update on a fixed batch (see `grads`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def spy_on_checkpoints() -> None:
+    import torch
+
+    import mrl.loop as loop
+
+    original = loop.save_checkpoint
+
+    def save_and_dump(run_dir, step, state, actor, tokenizer, critic=None, identity=None):
+        final = original(run_dir, step, state, actor, tokenizer, critic, identity)
+        with actor.whole():
+            params = {k: v.detach().clone().float() for k, v in actor.module.state_dict().items()}
+        torch.save(params, run_dir / f"params_rank{os.environ.get('RANK', '0')}_step{step}.pt")
+        return final
+
+    loop.save_checkpoint = save_and_dump
+
+
+def grads(out: str, stage: int) -> None:
+    """One update of the tiny policy on a fixed batch of 8 rollouts (identical on every rank: same seed, prompts and
+    weights), split unevenly over the ranks (5 rows and 3 on two), for both loss aggregations.  Writes what the
+    update returns (grad_norm is DeepSpeed's norm of the gradient averaged over ranks) and a digest of the weights
+    after the step, so that 1 and 2 ranks can be compared."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import mrl.config  # noqa: F401
+    from mrl import distributed as dist
+    from mrl.algos import ESTIMATORS
+    from mrl.config import CONF_DIR
+    from mrl.loop import build_models, collect, lockstep_batch, seed_everything, update
+    from mrl.rewards.channels import build_reward_set
+    from mrl.rollout import HFEngine
+    from mrl.tasks import build_task
+
+    results = {}
+    for agg in ("token_mean", "seq_mean"):
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[
+                f"deepspeed=zero{stage}", "trainer.device=cpu", "logger=none", "algo=grpo", f"algo.loss_agg={agg}",
+                "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=2", "trainer.lr=1e-2"])
+        seed_everything(0)
+        device = torch.device("cpu")
+        estimator = ESTIMATORS[cfg.algo.advantage.value]
+        tokenizer, actor, _, _ = build_models(cfg, estimator, device)
+        reward_set = build_reward_set(cfg.rewards, cfg.algo)
+        world = dist.world_size()
+        # The same 8 rollouts on every rank: generate as one process would (rank 0 of 1: all prompts), same seed.
+        rank = os.environ["RANK"]
+        os.environ.update(WORLD_SIZE="1", RANK="0")
+        seed_everything(1)
+        engine = HFEngine(actor.module.policy, tokenizer, device)
+        full = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, reward_set,
+                       {"step": 0, "prompt_position": 0})
+        os.environ.update(WORLD_SIZE=str(world), RANK=rank)
+        batch = full.batch
+        generator = torch.Generator().manual_seed(2)
+        advantages = torch.randn(8, 1, generator=generator) * batch.completion_mask.float()  # [8, T]
+        rows = {1: [list(range(8))], 2: [[0, 1, 2, 3, 4], [5, 6, 7]]}[world][dist.rank()]
+        mine = batch.take(torch.tensor(rows))
+        local = lockstep_batch(mine, mine, tokenizer.pad_token_id)
+        mask = local.completion_mask.float()
+        keep = dist.pad_to(torch.ones(len(rows)), (mask.shape[0],))
+        adv = dist.pad_to(advantages[rows][:, :mine.completion_ids.shape[1]], mask.shape)
+        torch.manual_seed(3)  # the mini-batch permutation
+        sums, _ = update(cfg, actor, None, local, mask * keep[:, None], adv, None, None, None, None)
+        sums = dist.mean_over_ranks(sums)
+        with actor.whole():
+            weights = {k: v.detach().float() for k, v in actor.module.state_dict().items()}
+        results[agg] = {"grad_norm": sums["grad_norm"], "loss": sums["loss/policy"],
+                        "weight_sum": sum(float(v.double().sum()) for v in weights.values()),
+                        "weight_abs": sum(float(v.double().abs().sum()) for v in weights.values())}
+    if dist.is_main():
+        with open(out, "w") as file:
+            json.dump(results, file)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "grads":
+        from mrl import distributed
+
+        distributed.init()
+        grads(sys.argv[2], int(sys.argv[3]))
+    else:
+        spy_on_checkpoints()
+        from mrl.cli import main
+
+        main()

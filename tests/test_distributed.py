@@ -1,0 +1,244 @@
+"""Data parallel: the sharding and gather helpers by hand, and real 2-rank runs on CPU (torchrun, gloo, DeepSpeed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrl import distributed as dist
+from mrl.advantages import first_live, gdpo_advantages
+from mrl.cli import strip_launcher_args
+from mrl.tracking import METRICS_FILE, read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "dp_worker.py"
+TINY = ["trainer.device=cpu", "logger=none", "trainer.prompts_per_step=4", "trainer.group_size=4",
+        "trainer.micro_batch_size=8", "trainer.max_new_tokens=6"]
+
+
+# ---- helpers, by hand ------------------------------------------------------------------------------------------
+
+def test_shard_gives_each_rank_a_contiguous_equal_share_in_rank_order():
+    assert [dist.shard(8, world=2, at=r) for r in range(2)] == [(0, 4), (4, 4)]
+    assert [dist.shard(6, world=3, at=r) for r in range(3)] == [(0, 2), (2, 2), (4, 2)]
+    assert dist.shard(5, world=1, at=0) == (0, 5)
+    with pytest.raises(ValueError):
+        dist.shard(6, world=4, at=0)
+
+
+def test_the_ranks_prompts_are_those_one_process_draws_and_the_position_advances_by_the_global_batch():
+    position, B = 8, 4  # step 3 of B=4 on any number of ranks starts at prompt 8
+    one = [position + i for i in range(B)]
+    two = [position + dist.shard(B, 2, r)[0] + i for r in range(2) for i in range(dist.shard(B, 2, r)[1])]
+    assert one == two == [8, 9, 10, 11]
+
+
+def test_pad_to_and_join_rows_by_hand():
+    a = torch.tensor([[1, 2, 3]])  # rank 0: 1 row, T=3
+    b = torch.tensor([[4, 5], [6, 7]])  # rank 1: 2 rows, T=2
+    parts = [dist.pad_to(a, (2, 3)), dist.pad_to(b, (2, 3))]
+    assert parts[0].tolist() == [[1, 2, 3], [0, 0, 0]]
+    assert parts[1].tolist() == [[4, 5, 0], [6, 7, 0]]
+    assert dist.join_rows(parts, [1, 2]).tolist() == [[1, 2, 3], [4, 5, 0], [6, 7, 0]]
+
+
+def test_first_live_keeps_the_first_needed_live_groups_in_order():
+    live = torch.tensor([False, True, True, False, True])
+    assert first_live(live, 2).tolist() == [False, True, True, False, False]
+    assert first_live(live, 0).tolist() == [False] * 5
+    assert first_live(live, 9).tolist() == live.tolist()
+
+
+def test_dapo_selection_over_two_ranks_is_the_one_process_selection():
+    # Rank 0 found groups [live, dead], rank 1 [live, live]; 2 groups are still needed.  Gathered in rank order the
+    # batch is [T, F, T, T]; one process keeps groups 0 and 2, i.e. rank 0's group 0 and rank 1's group 0.
+    gathered = dist.join_rows([torch.tensor([True, False]), torch.tensor([True, True])], [2, 2])
+    chosen = first_live(gathered, 2)
+    assert chosen.tolist() == [True, False, True, False]
+    assert chosen[0:2].nonzero().squeeze(-1).tolist() == [0] and chosen[2:4].nonzero().squeeze(-1).tolist() == [0]
+    assert int(chosen.sum()) == 2  # what every rank adds to num_live: they agree on the count and the rounds
+
+
+def test_gdpo_on_the_gathered_batch_is_not_the_mean_of_per_rank_normalizations():
+    # Why rewards are gathered before the batch normalization: one group per rank.  Each group normalizes to
+    # [-0.707, 0.707]; over the whole batch of 4 (unbiased std 0.816) that is +-0.866, over a rank's 2 alone +-0.707.
+    rewards = torch.tensor([[[0.0], [1.0]], [[0.0], [3.0]]])  # [B=2, G=2, K=1]
+    whole = gdpo_advantages(rewards)
+    per_rank = torch.cat([gdpo_advantages(rewards[:1]), gdpo_advantages(rewards[1:])])
+    assert torch.allclose(whole, torch.tensor([[-0.866, 0.866], [-0.866, 0.866]]), atol=1e-3)
+    assert torch.allclose(per_rank, torch.tensor([[-0.707, 0.707], [-0.707, 0.707]]), atol=1e-3)
+
+
+def test_per_rank_denominators_make_the_mean_of_rank_gradients_the_global_gradient():
+    # token_mean over uneven ranks: rank 0 holds 3 tokens of loss 1, 2, 3; rank 1 one token of loss 6.  One process:
+    # (1 + 2 + 3 + 6) / 4 = 3.  Per rank, divided by global count / world = 4 / 2 = 2: 6/2 = 3 and 6/2 = 3; DeepSpeed
+    # averages: 3.  Dividing by the local counts instead gives (2 + 6) / 2 = 4.
+    global_count, world = 4, 2
+    per_rank = [sum([1, 2, 3]) / (global_count / world), 6 / (global_count / world)]
+    assert sum(per_rank) / world == 3.0
+    assert (sum([1, 2, 3]) / 3 + 6 / 1) / world == 4.0
+    assert dist.per_rank_denominator(4) == 4.0  # one process: the count itself
+    assert dist.per_rank_denominator(0) == 1.0
+
+
+def test_single_process_collectives_are_identities():
+    x = torch.arange(6).view(2, 3)
+    assert dist.gather_rows(x) is x and dist.local_rows(x, x) is x and dist.gather_rows(None) is None
+    assert dist.sum_over_ranks(2.5) == 2.5 and dist.max_over_ranks(2.5) == 2.5
+    assert dist.mean_over_ranks({"a": 1.0}, weight=3) == {"a": 1.0}
+    assert dist.broadcast("x") == "x" and dist.gather_objects(1) == [1]
+    assert isinstance(dist.on_main(lambda: "sink"), str)
+
+
+def test_ranks_above_zero_hold_no_sink(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    sink = dist.on_main(lambda: pytest.fail("rank 1 built a sink"))
+    assert sink.log({"step": 1}) is None and sink.close() is None
+
+
+def test_the_deepspeed_launcher_argument_is_dropped():
+    assert strip_launcher_args(["--local_rank=1", "train", "x=1"]) == ["train", "x=1"]
+
+
+def test_validation_refuses_a_batch_that_does_not_split_and_plain_pytorch_under_a_launcher(make_cfg, monkeypatch):
+    from mrl.config import UserError
+    from mrl.validation import validate
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"prompts_per_step=3 does not split over 2 ranks.*multiple of 2"):
+        validate(make_cfg("deepspeed=zero2", "trainer.prompts_per_step=3"))
+    with pytest.raises(UserError, match=r"deepspeed=none under a launcher \(WORLD_SIZE=2\).*deepspeed=zero2"):
+        validate(make_cfg("trainer.prompts_per_step=4"))
+    validate(make_cfg("deepspeed=zero2", "trainer.prompts_per_step=4"))
+
+
+def test_python_dash_m_mrl_runs_the_cli():
+    out = subprocess.run([sys.executable, "-m", "mrl", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         env=_env(), timeout=120)
+    assert out.returncode == 0 and "train" in out.stdout
+
+
+# ---- 2 ranks, for real -----------------------------------------------------------------------------------------
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # left by in-process DeepSpeed
+        env.pop(key, None)
+    return env
+
+
+def torchrun(nproc: int, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """The launcher and its ranks in a session of their own: on a timeout all of them are killed, not only the
+    launcher (ranks left behind would hold the CPU for the tests after)."""
+    import signal
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(WORKER), *args]
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_env(), start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{nproc} ranks did not finish in {timeout} s:\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _check(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def two_rank_run(tmp_path: Path, stage: int, steps: int, *extra: str) -> Path:
+    """A run in the default timestamped run dir (cwd tmp_path), checked for what every 2-rank run must hold."""
+    _check(torchrun(2, "train", f"deepspeed=zero{stage}", f"trainer.max_steps={steps}", *TINY, *extra, cwd=tmp_path))
+    run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
+    assert len(run_dirs) == 1, run_dirs  # the ranks agreed on one timestamped dir
+    run_dir = run_dirs[0]
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob(METRICS_FILE)] == [run_dir.relative_to(tmp_path) /
+                                                                              METRICS_FILE]
+    assert sorted(p.name for p in (run_dir / ".hydra").iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    records = read_metrics(run_dir / METRICS_FILE)
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    for record in records:
+        assert record["dapo/rollouts_generated"] == 4 * 4  # the global P x G, not a rank's share
+    for step in [steps]:  # the run's one checkpoint, after its last step
+        rank0 = torch.load(run_dir / f"params_rank0_step{step}.pt")
+        rank1 = torch.load(run_dir / f"params_rank1_step{step}.pt")
+        assert rank0.keys() == rank1.keys()
+        assert all(torch.equal(rank0[k], rank1[k]) for k in rank0), f"the ranks' weights differ after step {step}"
+    return run_dir
+
+
+def test_two_ranks_zero2_agree_on_one_run_dir_log_once_and_keep_identical_weights(tmp_path):
+    two_rank_run(tmp_path, stage=2, steps=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_resume_with_the_same_number_of_ranks_and_refuse_another(stage, tmp_path):
+    run_dir = two_rank_run(tmp_path, stage, 2, "algo=gdpo_dapo")
+    _check(torchrun(2, "train", f"deepspeed=zero{stage}", "trainer.max_steps=3", *TINY, "algo=gdpo_dapo",
+                    "trainer.resume=true", f"hydra.run.dir={run_dir}", cwd=tmp_path))
+    records = read_metrics(run_dir / METRICS_FILE)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    rank0, rank1 = (torch.load(run_dir / f"params_rank{r}_step3.pt") for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+    one = subprocess.run([sys.executable, "-m", "mrl", "train", f"deepspeed=zero{stage}", "trainer.max_steps=4",
+                          *TINY, "algo=gdpo_dapo", "trainer.resume=true", f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=300)
+    assert one.returncode == 2
+    assert one.stderr.strip().splitlines()[-1].startswith("mrl: error: trainer.resume:")
+    assert "saved by 2 rank(s) and this run has 1" in one.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_ranks_average_to_the_one_process_gradient_of_the_global_batch(stage, tmp_path):
+    """8 rollouts split 5 / 3 over two ranks (with a padding row on the second): the gradient DeepSpeed averages
+    has the one-process norm, and the weights after the step are the one-process weights, for token_mean and
+    seq_mean.  Dividing by per-rank counts would give another norm (the hand example above)."""
+    _check(torchrun(1, "grads", str(tmp_path / "one.json"), str(stage), cwd=tmp_path))
+    _check(torchrun(2, "grads", str(tmp_path / "two.json"), str(stage), cwd=tmp_path))
+    one, two = (json.loads((tmp_path / name).read_text()) for name in ("one.json", "two.json"))
+    for agg in ("token_mean", "seq_mean"):
+        assert one[agg]["grad_norm"] > 0
+        for key in ("grad_norm", "loss", "weight_sum", "weight_abs"):
+            assert two[agg][key] == pytest.approx(one[agg][key], rel=1e-4, abs=1e-6), (agg, key)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_both_ranks_after_a_checkpointed_step(tmp_path):
+    import signal
+    import time
+
+    from mrl.rundir import latest_checkpoint
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
+               "train", "deepspeed=zero2", "trainer.max_steps=500", "trainer.save_every=1000", *TINY,
+               f"hydra.run.dir={run_dir}"]
+    launcher = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while not read_metrics(run_dir / METRICS_FILE) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        _, stderr = launcher.communicate(timeout=120)  # no deadlock: both ranks stop together
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        pytest.fail("the ranks did not stop within 120 s of SIGTERM")
+    assert launcher.returncode != 0
+    logged = read_metrics(run_dir / METRICS_FILE)
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None, stderr[-3000:]
+    assert checkpoint.name == f"step_{logged[-1]['step']:06d}"  # the last completed step is saved, by both ranks
+    assert (checkpoint / "deepspeed" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").exists()
