@@ -2,7 +2,9 @@
 
 Layout of run_dir/checkpoints/step_000050/:
   policy/             the policy as an ordinary model directory (model.safetensors, config, tokenizer), weights in
-                      model.dtype: what `mrl eval` and users load
+                      model.dtype: what `mrl eval` and users load.  With LoRA (model.lora.r > 0): a peft adapter
+                      dir (adapter_model.safetensors, adapter_config.json) and the tokenizer, no base weights; the
+                      optimizer's state below then covers the adapters alone (mrl/lora.py)
   value_head.safetensors | critic/ + critic_head.safetensors   (PPO; critic/ in model.dtype too)
   optimizer.pt (plain PyTorch: AdamW's state, and the float32 masters when model.dtype rounds policy/ and critic/)
   or deepspeed/ (DeepSpeed's own checkpoint: optimizer partitions with their float32 masters)
@@ -29,6 +31,7 @@ from safetensors.torch import save_file
 
 from mrl.config import UserError
 from mrl.engine import DS_TAG, OPTIMIZER_FILE
+from mrl.lora import is_peft, save_adapter
 from mrl.precision import save_model_dir
 
 CHECKPOINTS = "checkpoints"
@@ -63,9 +66,12 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, toke
     tmp = root / f".step_{step:06d}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    weights = actor.full_state_dict()
-    policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
-    save_model_dir(actor.module.policy, tmp / "policy", policy_weights, actor.precision.export)
+    if is_peft(actor.module.policy):  # LoRA: the adapters alone; the base stays at model.name_or_path (mrl/lora.py)
+        weights = save_adapter(actor, tmp / "policy")
+    else:
+        weights = actor.full_state_dict()
+        policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
+        save_model_dir(actor.module.policy, tmp / "policy", policy_weights, actor.precision.export)
     tokenizer.save_pretrained(tmp / "policy")
     head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
     if head:

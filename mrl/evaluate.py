@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from mrl.checkpoint import latest_checkpoint
 from mrl.config import CONF_DIR, UserError
 from mrl.loop import pick_device, seed_everything
-from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
+from mrl.lora import load_for_inference
+from mrl.models import load_tokenizer, quiet_transformers
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Sampling, generate
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
@@ -41,7 +42,7 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     seed_everything(seed)
     device = pick_device(cfg.trainer.device)
     tokenizer = load_tokenizer(str(checkpoint / "policy"))
-    policy = load_causal_lm(str(checkpoint / "policy"), cfg.model, device).eval()
+    policy = load_for_inference(checkpoint, cfg.model, device).eval()  # LoRA: adapters merged into the base
     task = build_task(cfg)
     prompts = held_out_prompts(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
