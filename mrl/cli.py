@@ -26,11 +26,19 @@ def hydra_train() -> None:
 
     import mrl.config  # noqa: F401  registers the schemas
     from mrl.config import CONF_DIR, UserError
+    from mrl.validation import check_yaml_syntax, config_dirs_in
+
+    try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.validation.Preflight
+        check_yaml_syntax(config_dirs_in(sys.argv[1:]))
+    except UserError as err:
+        _fail(str(err))
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def main(cfg) -> None:
+        from mrl.checkpoint import CheckpointError
         from mrl.loop import train
         from mrl.rewards.channels import RewardError
+        from mrl.rundir import Interrupted, resume_hint
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
@@ -39,6 +47,10 @@ def hydra_train() -> None:
             _fail(str(err))
         except RewardError as err:
             _fail(f"{err}\n(run dir: {run_dir})", code=1)
+        except CheckpointError as err:  # a full disk: the previous checkpoint is intact
+            _fail(str(err), code=1)
+        except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
+            _fail(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
         print(f"mrl: run dir {run_dir}")
 
     main()

@@ -55,6 +55,11 @@ class ChannelKind(str, Enum):
     constraint = "constraint"
 
 
+class Sandbox(str, Enum):
+    bwrap = "bwrap"  # bubblewrap: namespaces, read-only system view, no network (apt-get install bubblewrap)
+    process = "process"  # a plain child process with rlimits and Python guards: unsafe for untrusted code
+
+
 class Enforce(str, Enum):
     veto = "veto"  # a violating rollout gets every other channel's gated_value
     drop = "drop"  # a violating rollout is left out of the update
@@ -96,6 +101,10 @@ class AlgoConfig:
     value_clip: float = 0.2
     vf_coef: float = 0.5  # weight of the value loss when the critic is a head sharing the policy's optimizer
     whiten_advantages: bool = True  # PPO: normalize GAE advantages over the batch's generated tokens
+    # Channels a preset shapes by name in rewards.channels (gdpo_conditioned: efficiency, safety).  The shaping
+    # applies where the rewards have the channel; where they do not, the entry the preset wrote (it has no `fn`) is
+    # left out, so the preset composes with every `rewards=` option (configured_channels).
+    shapes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +133,10 @@ class RewardsConfig:
     # A channel that raises or returns a non-number: `raise` stops the run (after writing a checkpoint of the last
     # completed step); `drop` leaves the sample out of the update and counts it (rewards/failed_frac).
     on_error: str = "raise"
+    # Where generated code runs (the code channels): see mrl/sandbox.py and the README's threat model.
+    sandbox: Sandbox = Sandbox.bwrap
+    # With `drop`: a channel that fails on every sample for this many steps in a row stops the run (0: never).
+    max_failed_steps: int = 3
 
 
 @dataclass

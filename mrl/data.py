@@ -93,12 +93,18 @@ def _load_hf_dir(path: Path, split: str | None, shown: str) -> list[dict]:
     return ds.to_list()
 
 
+def dataset_file(path: str | Path) -> tuple[Path, str | None]:
+    """(file or directory, split or None) of a dataset path that exists; a UserError if it does not."""
+    file, split = _parse_path(path)
+    if not file.exists():
+        raise UserError(f"dataset path {str(path)!r} does not exist (looked for {file.resolve()})")
+    return file, split
+
+
 def load_records(path: str | Path) -> list[dict]:
     """The records of a local JSONL file, Parquet file, or HF `save_to_disk` directory (`DIR::SPLIT` picks a split)."""
     shown = str(path)
-    file, split = _parse_path(path)
-    if not file.exists():
-        raise UserError(f"dataset path {shown!r} does not exist (looked for {file.resolve()})")
+    file, split = dataset_file(path)
     if file.is_dir():
         return _load_hf_dir(file, split, shown)
     if split is not None:

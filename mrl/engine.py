@@ -112,7 +112,9 @@ class Trainable:
         else:
             self.engine = None
             self.module = module
-            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+            # fused: one kernel over every parameter; on a CPU ~3x faster than the per-tensor default (SmolLM2-135M:
+            # 0.43 s a step instead of 1.2 s, scripts/bench.py), the same update up to float rounding.
+            self.optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
             self.scaler = grad_scaler(self.precision, device)
             self.zero_stage = None
             self.module_dtype = MASTER

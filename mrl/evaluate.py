@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from mrl.checkpoint import latest_checkpoint
-from mrl.config import CONF_DIR, UserError
+from mrl.config import TrainConfig, UserError
 from mrl.loop import pick_device, seed_everything
 from mrl.lora import load_for_inference
 from mrl.models import load_tokenizer, quiet_transformers
@@ -23,12 +22,14 @@ EVAL_FILE = "eval.json"
 
 
 def run_config(run_dir: Path):
-    """The run's config, composed again from its overrides (so it has the schemas' types)."""
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    if not overrides.exists():
-        raise UserError(f"{run_dir}: not a run dir (no .hydra/overrides.yaml); give the dir `mrl train` wrote")
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(OmegaConf.load(overrides)))
+    """The config the run trained with: its `.hydra/config.yaml`, typed by the schemas.
+
+    Not composed again from `.hydra/overrides.yaml`: the run may have used a `--config-dir` (or config files that
+    changed since), and config.yaml is what was composed then."""
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.exists():
+        raise UserError(f"{run_dir}: not a run dir (no .hydra/config.yaml); give the dir `mrl train` wrote")
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(saved))
 
 
 def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0) -> dict[str, Any]:

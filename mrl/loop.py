@@ -11,6 +11,10 @@ How it departs from the textbook PPO/GRPO loop:
   more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
 - losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
   aggregations (seq_mean, token_mean) and for any number of live groups.
+
+The run dir is locked while train() runs, and a stop loses no completed step (mrl/rundir.py): SIGTERM or Ctrl-C
+during generation and scoring checkpoints the last completed step at once; during the update, its logs and a
+checkpoint write, the step is finished first.
 """
 
 from __future__ import annotations
@@ -29,29 +33,36 @@ from torch import Tensor
 
 from mrl.advantages import advantage_shares, dead_groups, distinct_per_group
 from mrl.algos import ESTIMATORS
-from mrl.checkpoint import resolve_resume, save_checkpoint, set_rng_state
+from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
-from mrl.lora import BaseReference, load_policy, uses_lora, validate_lora
-from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
+from mrl.lora import BaseReference, load_policy, uses_lora
+from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
-from mrl.rewards.channels import build_reward_set
+from mrl.rewards.channels import FailureStreaks, build_reward_set
 from mrl.rollout import Rollouts, Sampling, generate, policy_forward, value_forward
+from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
+from mrl.validation import validate
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`.
+    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`, which it holds
+    locked: another process training there is refused (mrl.rundir.RunDirLock).
 
     Returns the last step's metrics."""
+    validate(cfg)  # before anything is written
+    with RunDirLock(run_dir):
+        return train_locked(cfg, run_dir)
+
+
+def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     algo, trainer = cfg.algo, cfg.trainer
-    run_dir.mkdir(parents=True, exist_ok=True)
     estimator = ESTIMATORS[algo.advantage.value]
-    validate(cfg, estimator)
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
@@ -59,7 +70,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     weights = reward_set.weights  # [K]
     task = build_task(cfg)
 
-    resume_from = resolve_resume(trainer.resume, run_dir)
+    resume_from = check_run_dir(cfg, run_dir)  # an intact checkpoint of the same algo and rewards, or a new run
     tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from)
 
     state = {"step": 0, "prompt_position": 0}
@@ -67,11 +78,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         actor.load_optimizer(resume_from)
         if critic is not None:
             critic.load_optimizer(resume_from / "critic")
-        set_rng_state(torch.load(resume_from / "rng.pt", weights_only=False))
+        load_rng_state(resume_from)
         state = json.loads((resume_from / "state.json").read_text())
-    if resume_from is None and (run_dir / METRICS_FILE).exists():
-        raise UserError(f"{run_dir} already holds a run ({METRICS_FILE}); continue it with trainer.resume=true, "
-                        "or start this one in another hydra.run.dir")
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics)
     wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
@@ -81,12 +89,16 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     saved_step = completed_step = state["step"]
     completed_position = state["prompt_position"]
     updating = False  # between the first optimizer step of a step and its end, the weights are mid-update
+    identity = run_identity(cfg)
+    failing = FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps)
+    stop = StopSignals()
     try:
         for step in range(state["step"] + 1, trainer.max_steps + 1):
             step_start = time.perf_counter()
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             collected = collect(cfg, task, actor, tokenizer, reward_set, state, device)  # 1. rollouts, scored
+            failing.update(torch.cat([r.failed for r in collected.rounds]))  # stop rather than train on nothing
             rollout_s = time.perf_counter() - step_start
             update_start = time.perf_counter()
             batch = collected.batch
@@ -99,6 +111,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             advantages, returns = estimator.token_advantages(  # 3. advantages: [N, T], [N, T] | None
                 collected.shaped.to(device), weights.to(device), mask, old_values, kl_penalty, algo)
             loss_mask = mask * collected.keep.reshape(-1, 1).to(device)  # dropped rollouts never enter a loss
+            stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
             updating = True
             sums, mini_batches = ({}, 0) if collected.skip_update else update(  # 4. optimizer steps
                 cfg, actor, critic, batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
@@ -134,16 +147,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             progress.update(step, metrics)
             completed_step, completed_position = step, state["prompt_position"]
             if step % trainer.save_every == 0 or step == trainer.max_steps:
-                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic)
+                save_checkpoint(run_dir, step, dict(state), actor, tokenizer, critic, identity)
                 saved_step = step
-    except BaseException:
-        # A crash (a failing reward channel, Ctrl-C) outside the update: keep the last completed step's weights.
-        # The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
-        if not updating and completed_step > saved_step:
+            stop.check()
+    except BaseException as err:
+        # A crash (a failing reward channel), SIGTERM or Ctrl-C outside the update: keep the last completed step's
+        # weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
+        # After a failed checkpoint write, another attempt would fail the same way.
+        if not updating and completed_step > saved_step and not isinstance(err, CheckpointError):
+            stop.defer()
             state.update(step=completed_step, prompt_position=completed_position)
-            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic)
+            save_checkpoint(run_dir, completed_step, dict(state), actor, tokenizer, critic, identity)
         raise
     finally:
+        stop.restore()
         progress.close()
         metrics_file.close()
         if wandb is not None:
@@ -227,7 +244,7 @@ def collect(cfg: DictConfig, task, actor: Trainable, tokenizer, reward_set, stat
     skip_update = not live_parts
     batch = Rollouts.concat(live_parts or rounds[:1], tokenizer.pad_token_id)
     shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
-    keep &= ~batch.failed.view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
+    keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
     return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
 
 
@@ -254,13 +271,13 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
             for i, rows in enumerate(micros):
                 rows_d = rows.to(loss_mask.device)
                 micro, m_mask = batch.take(rows), loss_mask[rows_d]
-                logprobs, logits, values = policy_forward(actor, micro, trainer.temperature)
+                # The entropy is logged; it carries gradients only for an entropy bonus.
+                logprobs, entropy, values = policy_forward(actor, micro, trainer.temperature, entropy=True,
+                                                           entropy_grad=algo.entropy_coef != 0)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows_d]
                 pg_loss, clipped = clipped_surrogate(logprobs, old, advantages[rows_d], algo.clip_low,
                                                      algo.clip_high)
                 loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
-                with torch.set_grad_enabled(algo.entropy_coef != 0):  # else logged only: no [N, T, V] kept
-                    entropy = entropy_from_logits(logits)
                 loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[rows_d])
@@ -310,7 +327,7 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).float().mean().item(),
+        "rewards/failed_frac": torch.cat([r.failed for r in collected.rounds]).any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
                              else dead_groups(shaped[..., task_channels]).float().mean().item()),
         "dapo/skipped_update": float(collected.skip_update),
@@ -414,34 +431,3 @@ def pick_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
     return torch.device(name)
-
-
-def validate(cfg: DictConfig, estimator) -> None:
-    """Checks that the schema cannot express; each error names the value and the fix."""
-    t, a = cfg.trainer, cfg.algo
-    if t.max_steps <= 0:
-        raise UserError(f"trainer.max_steps={t.max_steps}: must be a positive number of steps")
-    if estimator.group_relative and t.group_size < 2:
-        raise UserError(f"trainer.group_size={t.group_size}: algo={a.name} normalizes within groups of rollouts, "
-                        "so it needs group_size >= 2 (try 8)")
-    if t.group_size < 1 or t.prompts_per_step < 1 or t.micro_batch_size < 1 or t.max_new_tokens < 1:
-        raise UserError("trainer.group_size, prompts_per_step, micro_batch_size and max_new_tokens must be >= 1")
-    if t.temperature <= 0:
-        raise UserError(f"trainer.temperature={t.temperature}: training samples, so it must be > 0 (1.0 samples the "
-                        "model's own distribution)")
-    if t.save_every <= 0:
-        raise UserError(f"trainer.save_every={t.save_every}: must be >= 1")
-    if a.critic is None and estimator.needs_critic:
-        raise UserError(f"algo.advantage={a.advantage.value} needs a critic: set algo.critic=model or head")
-    if a.critic is not None and not estimator.needs_critic:
-        raise UserError(f"algo.critic={a.critic.value}: algo.advantage={a.advantage.value} takes its baseline from the "
-                        "group of rollouts and trains no critic; drop algo.critic (critic=null) or use advantage=gae")
-    if a.kl_coef > 0 and a.kl_mode == "reward" and not estimator.reward_kl:
-        raise UserError(f"algo.kl_mode=reward with algo.advantage={a.advantage.value}: a group-relative estimator "
-                        "normalizes a per-rollout penalty away; use algo.kl_mode=loss (the KL term in the loss)")
-    if a.overlong_buffer >= t.max_new_tokens:
-        raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
-                        f"{t.max_new_tokens}")
-    if a.dynamic_sampling and a.max_gen_batches < 1:
-        raise UserError(f"algo.max_gen_batches={a.max_gen_batches}: must be >= 1")
-    validate_lora(cfg.model)

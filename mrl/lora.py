@@ -45,27 +45,31 @@ def is_peft(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None))
 
 
-def validate_lora(cfg: ModelConfig) -> None:
-    """The model.lora settings the schema cannot check; each error names the value and the fix."""
-    lora = cfg.lora
-    if lora.r < 0:
-        raise UserError(f"model.lora.r={lora.r}: the adapters' rank must be >= 0 (0 turns LoRA off; try 16)")
-    if lora.alpha <= 0:
-        raise UserError(f"model.lora.alpha={lora.alpha}: must be > 0 (the adapters' output is scaled by alpha / r; "
-                        "2 * r is usual)")
-    if not 0 <= lora.dropout < 1:
-        raise UserError(f"model.lora.dropout={lora.dropout}: must be in [0, 1) (0: no dropout)")
-    target = lora.target_modules
-    names = [target] if isinstance(target, str) else list(target) if _is_list(target) else None
-    if not names or not all(isinstance(n, str) and n for n in names):
-        raise UserError(f"model.lora.target_modules={target!r}: give all-linear or a list of module names such as "
-                        "[q_proj, k_proj, v_proj, o_proj]")
+def linear_module_names(cfg: ModelConfig) -> list[str] | None:
+    """The full names of the model's linear layers that can take adapters (model.layers.0.self_attn.q_proj, ...;
+    not the output layer), from a skeleton built on the meta device: no weights are read.  None where the model's
+    config cannot be read (a hub id off-line)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(cfg))
+    except (OSError, ValueError):
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    output = model.get_output_embeddings()
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and module is not output]
 
 
-def _is_list(value) -> bool:
-    from omegaconf import ListConfig
+def unknown_targets(target: str | list[str], linear: list[str]) -> list[str]:
+    """The entries of `target` that match none of the `linear` module names, as peft matches them: a list entry
+    is a module's name or its dotted tail (q_proj, self_attn.q_proj); a single string a regular expression over
+    whole names."""
+    import re
 
-    return isinstance(value, (list, tuple, ListConfig))
+    if isinstance(target, str):
+        return [] if any(re.fullmatch(target, name) for name in linear) else [target]
+    return [t for t in target if not any(name == t or name.endswith(f".{t}") for name in linear)]
 
 
 def peft_config(cfg: ModelConfig):

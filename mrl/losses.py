@@ -10,10 +10,15 @@ tokens for `token_mean`), so the accumulated gradient equals that of the whole m
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 AGGREGATIONS = ("seq_mean", "token_mean")
+# The most logits token_logprobs holds at once: [positions, V] of 2^24 elements, 64 MB in fp32.
+LOGIT_CHUNK = 2**24
 
 
 def aggregate(per_token: Tensor, mask: Tensor, agg: str, denom: float | None = None) -> Tensor:
@@ -60,6 +65,38 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """Per-token entropy of the categorical distribution.  logits: [N, T, V] -> [N, T]."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs(head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Tensor, vocab_size: int,
+                   temperature: float = 1.0, entropy: bool = False, entropy_grad: bool = False
+                   ) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of `targets` and (optionally) the entropy of softmax(head(hidden) / temperature), never holding the
+    [N, T, V] logits.  hidden [N, T, H], targets [N, T] -> (log-probs [N, T], entropy [N, T] or None).
+
+    `head` (the output layer) runs on at most LOGIT_CHUNK / vocab_size positions at a time; log p = logit -
+    logsumexp (no log-softmax is kept).  With gradients and more than one chunk, each chunk's logits are recomputed
+    in the backward instead of kept (activation checkpointing, as TRL's chunked log-prob head): the output layer runs
+    forward twice, and memory no longer grows with N x T x V.  The entropy carries gradients only with
+    `entropy_grad` (an entropy bonus in the loss), else it is computed without (logged only).
+    """
+    N, T, H = hidden.shape
+    flat, ids = hidden.reshape(N * T, H), targets.reshape(N * T)
+    with_entropy = entropy or entropy_grad
+
+    def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor | None]:  # [c, H], [c] -> [c], [c]
+        logits = head(h).float() / temperature  # [c, V]
+        logprobs = logits.gather(1, t[:, None]).squeeze(1) - torch.logsumexp(logits, -1)
+        if not with_entropy:
+            return logprobs, None
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            return logprobs, entropy_from_logits(logits)
+
+    rows = max(1, LOGIT_CHUNK // vocab_size)
+    chunks = list(zip(flat.split(rows), ids.split(rows)))
+    recompute = len(chunks) > 1 and torch.is_grad_enabled() and flat.requires_grad
+    scored = [checkpoint(score, h, t, use_reentrant=False) if recompute else score(h, t) for h, t in chunks]
+    logprobs = torch.cat([lp for lp, _ in scored]).view(N, T)
+    return logprobs, torch.cat([e for _, e in scored]).view(N, T) if with_entropy else None
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:

@@ -21,7 +21,8 @@ from torch import nn
 
 from mrl.config import ModelConfig, TinyModelSpec, UserError
 from mrl.local_models import BUILT_LOCALLY
-from mrl.precision import MASTER, compute_in, precision_for
+from mrl.losses import token_logprobs
+from mrl.precision import MASTER, autocast_of, compute_in, precision_for
 
 BUILTIN_TINY = "builtin:tiny"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
@@ -167,8 +168,16 @@ class Actor(nn.Module):
         self.policy = policy
         self.value_head = _zero_linear(policy.config.hidden_size) if value_head else None
 
-    def forward(self, input_ids, attention_mask, position_ids, keep: int = 0, prompt_width: int = 0):
-        """-> (logits [N, keep, V], values [N, keep] or None) of the last `keep` positions (0: all L).
+    def forward(self, input_ids, attention_mask, position_ids, keep: int = 0, prompt_width: int = 0,
+                targets: torch.Tensor | None = None, temperature: float = 1.0, entropy: bool = False,
+                entropy_grad: bool = False):
+        """The last `keep` positions (0: all L) of each row.
+
+        Without `targets`: (logits [N, keep, V], values [N, keep] or None).
+        With `targets` [N, K], K <= keep: (log-probs [N, K] of targets[:, k] at kept position k, of logits /
+        temperature; entropies [N, K] or None without `entropy` or `entropy_grad`; values [N, keep] or None).  The
+        output layer then runs a chunk of positions at a time (mrl.losses.token_logprobs): no [N, K, V] tensor
+        exists, in the forward or the backward.  Inside forward, so that an engine (DeepSpeed) sees one call.
 
         Only the completion's positions need logits: at a real vocabulary (49k) and a long chat prompt, the output
         layer over the prompt's positions would cost more than the rest of the model, and its memory most of all.
@@ -178,37 +187,58 @@ class Actor(nn.Module):
         keys and values serve every row that has it (exact: gradients reach it from all of them).  A group of G
         rollouts of a 250-token chat prompt and 60 completion tokens costs ~(250 + 8*60) token passes, not 8*310.
         """
-        if prompt_width and not (self.training and checkpointed(self.policy)):
-            # (checkpointed layers drop the cache in training, so those take the plain path)
-            return self._forward_shared_prompt(input_ids, attention_mask, position_ids, keep, prompt_width)
-        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          output_hidden_states=self.value_head is not None, use_cache=False, logits_to_keep=keep)
-        if self.value_head is None:
-            return out.logits, None
-        hidden = out.hidden_states[-1][:, -keep:]
-        return out.logits, self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        with autocast_of(self.policy):  # the decoder and the output layer compute as the policy's own forward
+            if prompt_width and not (self.training and checkpointed(self.policy)):
+                # (checkpointed layers drop the cache in training, so those take the plain path)
+                hidden = self._shared_prompt_states(input_ids, attention_mask, position_ids, prompt_width)
+            else:
+                hidden = self.policy.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                                   position_ids=position_ids, use_cache=False).last_hidden_state
+            hidden = hidden[:, -keep:]  # [N, keep, H]
+            if targets is not None:
+                scored = token_logprobs(self.logits, hidden[:, :targets.shape[1]], targets, self.vocab_size,
+                                        temperature, entropy, entropy_grad)
+            else:
+                scored = (self.logits(hidden),)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return *scored, values
 
-    def _forward_shared_prompt(self, input_ids, attention_mask, position_ids, keep: int, prompt_width: int):
+    @property
+    def vocab_size(self) -> int:
+        head = self.policy.get_output_embeddings()
+        return getattr(head, "out_features", None) or self.policy.config.get_text_config().vocab_size
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The policy's logits from its last hidden states [..., H] -> [..., V]: its output layer and the scaling or
+        soft-capping its family applies after it (Cohere's logit_scale, Granite's logits_scaling, Gemma's
+        final_logit_softcapping), as the model's own forward computes them."""
+        config = self.policy.config.get_text_config()
+        logits = self.policy.get_output_embeddings()(hidden)
+        if getattr(config, "logit_scale", None) is not None:
+            logits = logits * config.logit_scale
+        if getattr(config, "logits_scaling", None) is not None:
+            logits = logits / config.logits_scaling
+        cap = getattr(config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    def _shared_prompt_states(self, input_ids, attention_mask, position_ids, prompt_width: int) -> torch.Tensor:
+        """Last hidden states [N, 1 + L - W, H]: the prompt's last position, then every later one."""
         W = prompt_width
         # Rows with equal prompt ids and mask share one prompt pass: `first[u]` is distinct prompt u's first row.
         distinct, row_prompt = torch.unique(torch.cat([input_ids[:, :W], attention_mask[:, :W]], 1), dim=0,
                                             return_inverse=True)  # [U, 2W], [N]
         rows = torch.arange(len(row_prompt), device=row_prompt.device)
         first = torch.full_like(rows[: len(distinct)], len(rows)).scatter_reduce(0, row_prompt, rows, "amin")  # [U]
+        decoder = self.policy.get_decoder()
         cache = empty_cache(self.policy)
-        hidden = self.value_head is not None
-        head = self.policy(input_ids=input_ids[first, :W], attention_mask=attention_mask[first, :W],
-                           position_ids=position_ids[first, :W], use_cache=True, logits_to_keep=1,
-                           output_hidden_states=hidden, **{cache_kwarg(self.policy): cache})
+        head = decoder(input_ids=input_ids[first, :W], attention_mask=attention_mask[first, :W],
+                       position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
         cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...], differentiable
-        tail = self.policy(input_ids=input_ids[:, W:], attention_mask=attention_mask,
-                           position_ids=position_ids[:, W:], use_cache=True, output_hidden_states=hidden,
-                           **{cache_kwarg(self.policy): cache})
-        logits = torch.cat([head.logits[row_prompt], tail.logits], 1)[:, -keep:]  # [N, keep, V]
-        if not hidden:
-            return logits, None
-        states = torch.cat([head.hidden_states[-1][row_prompt, -1:], tail.hidden_states[-1]], 1)[:, -keep:]
-        return logits, self.value_head(states.to(self.value_head.weight.dtype)).squeeze(-1)
+        tail = decoder(input_ids=input_ids[:, W:], attention_mask=attention_mask, position_ids=position_ids[:, W:],
+                       use_cache=True, **{cache_kwarg(decoder): cache})
+        return torch.cat([head.last_hidden_state[row_prompt, -1:], tail.last_hidden_state], 1)
 
 
 def empty_cache(model: nn.Module):

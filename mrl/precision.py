@@ -25,6 +25,7 @@ and the dtype of the model directories a checkpoint exports.  It is never the dt
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from dataclasses import dataclass
@@ -66,14 +67,22 @@ def compute_in(model: nn.Module, precision: Precision, device: torch.device) -> 
     if precision.compute is None:
         return model
     forward = model.forward
+    autocast = functools.partial(torch.autocast, device.type, dtype=precision.compute)
 
     @functools.wraps(forward)
     def autocast_forward(*args, **kwargs):
-        with torch.autocast(device.type, dtype=precision.compute):
+        with autocast():
             return forward(*args, **kwargs)
 
     model.forward = autocast_forward
+    model.compute_autocast = autocast  # for callers of its parts (mrl.models.Actor: decoder, output layer)
     return model
+
+
+def autocast_of(model: nn.Module):
+    """The autocast context `compute_in` gave `model` (a null context without one)."""
+    make = getattr(model, "compute_autocast", None)
+    return make() if make is not None else contextlib.nullcontext()
 
 
 def deepspeed_modes(precision: Precision) -> dict[str, dict[str, bool]]:

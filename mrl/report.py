@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from mrl.config import UserError
 from mrl.tracking import METRICS_FILE, read_metrics
 
 
@@ -40,7 +41,10 @@ def find_runs(paths: list[Path]) -> list[Run]:
         if not files:
             raise ReportError(f"{root}: no {METRICS_FILE} found (is it a run dir or a multirun dir?)")
         for file in files:
-            runs.append(Run(run_label(file.parent), file.parent, read_metrics(file)))
+            try:
+                runs.append(Run(run_label(file.parent), file.parent, read_metrics(file)))
+            except UserError as err:  # a line damaged before the last one
+                raise ReportError(str(err)) from None
     return runs
 
 

@@ -30,7 +30,7 @@ class Rollouts:
     episodes: list[Episode]
     group_size: int
     rewards: Tensor | None = None  # [N, K] per channel once scored; NaN where a channel abstained
-    failed: Tensor | None = None  # [N] bool: a reward channel failed on the sample (rewards.on_error=drop)
+    failed: Tensor | None = None  # [N, K] bool: channel k failed on the sample (rewards.on_error=drop)
 
     @property
     def num_groups(self) -> int:
@@ -270,23 +270,23 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def policy_forward(actor, batch: Rollouts, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
+def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
+                   entropy_grad: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the
     distribution the rollouts were sampled from: logits / temperature (as TRL and verl).
 
-    Returns (logprobs [N, T], logits [N, T, V] already divided by temperature, values [N, T] from the actor's value
-    head, or None), where position t scores completion token t from the state before it.
+    Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
+    values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
+    before it.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
     """
     attention_mask = batch.attention_mask
-    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end.
+    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end (scoring nothing).
     keep = batch.completion_ids.shape[1] + 1
-    logits, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
-                           prompt_width=batch.prompt_ids.shape[1])
-    logits = logits[:, :-1].float() / temperature  # [N, T, V]
-    # log p = logit - logsumexp: no [N, T, V] log-softmax is kept for the backward pass.
-    logprobs = logits.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
+                                        prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
+                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad)
     values = values[:, :-1].float() if values is not None else None
-    return logprobs, logits, values
+    return logprobs, entropies, values
 
 
 def value_forward(critic, batch: Rollouts) -> Tensor:

@@ -1,7 +1,8 @@
 """Where metrics go: metrics.jsonl in the run dir (always), W&B (logger=wandb), and the terminal.
 
 Every step's metrics reach all sinks under the same keys.  metrics.jsonl is appended and flushed line by line, so a
-crash loses at most the step in flight.
+crash loses at most the step in flight; a last line cut mid-write (a kill, a full disk) is dropped, with a warning, by
+every reader (resume, `mrl report`, mrl.repro).
 """
 
 from __future__ import annotations
@@ -15,16 +16,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mrl.checkpoint import atomic_write_text
+from mrl.config import UserError
+from mrl.rundir import METRICS_FILE, atomic_write_text, warn
 
-METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.episode.sample_records)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl.  Its last line, when cut short mid-write, is dropped with a warning; a damaged
+    line before it is an error naming the line."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(n, line) for n, line in enumerate(path.read_bytes().splitlines(), 1) if line.strip()]
+    records = []
+    for n, line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:
+            if n != lines[-1][0]:
+                raise UserError(f"{path}:{n}: not a JSON record ({err}); only a last line cut mid-write is "
+                                "skipped") from None
+            warn(f"{path}: dropped its last line (line {n}, {len(line)} bytes), cut short mid-write")
+    return records
 
 
 class MetricsFile:

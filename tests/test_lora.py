@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import SHRINK, compose_config
+from conftest import compose_config
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
@@ -31,10 +31,11 @@ WIDE = ["model.tiny.hidden_size=256", "model.tiny.intermediate_size=512", "model
 
 
 def train_run(run_dir: Path, *overrides: str) -> Path:
-    """train() on the shrunken config, with .hydra/overrides.yaml written as `mrl train` would (for export, eval)."""
+    """train() on the shrunken config, with .hydra/config.yaml written as `mrl train` would (for export, eval)."""
+    cfg = compose_config(*overrides)
     (run_dir / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create(SHRINK + list(overrides)), run_dir / ".hydra" / "overrides.yaml")
-    train(compose_config(*overrides), run_dir)
+    OmegaConf.save(cfg, run_dir / ".hydra" / "config.yaml")
+    train(cfg, run_dir)
     return run_dir
 
 
@@ -240,11 +241,13 @@ def test_ppo_value_head_trains_beside_the_adapters(tmp_path):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("model.lora.r=-1", "model.lora.r=-1: the adapters' rank must be >= 0"),
-    ("model.lora.alpha=0", "model.lora.alpha=0.0: must be > 0"),
-    ("model.lora.dropout=1.0", "model.lora.dropout=1.0: must be in [0, 1)"),
-    ("model.lora.dropout=-0.1", "model.lora.dropout=-0.1: must be in [0, 1)"),
-    ("model.lora.target_modules=[]", "model.lora.target_modules=[]: give all-linear or a list"),
+    ("model.lora.r=-1", "model.lora.r=-1: must be a finite number >= 0; the adapters' rank"),
+    ("model.lora.alpha=0", "model.lora.alpha=0.0: must be a finite number > 0"),
+    ("model.lora.dropout=1.0", "model.lora.dropout=1.0: must be a finite number >= 0 and < 1"),
+    ("model.lora.dropout=-0.1", "model.lora.dropout=-0.1: must be a finite number >= 0 and < 1"),
+    ("model.lora.target_modules=[]", "model.lora.target_modules=[]: give all-linear, or a list"),
+    ("model.lora.target_modules=[q_proj,v_prj]", "model.lora.target_modules: v_prj matches no linear layer of "
+                                                 "builtin:tiny (its linear layers: down_proj, gate_proj, k_proj"),
 ])
 def test_bad_lora_settings_fail_before_training(override, expected, tmp_path):
     with pytest.raises(UserError) as err:

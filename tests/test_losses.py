@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, value_loss
+import mrl.losses
+from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, token_logprobs, value_loss
 
 TOL = dict(rtol=1e-9, atol=1e-9)
 
@@ -237,6 +238,58 @@ def test_entropy_low_precision_input_is_float32():
     out = entropy_from_logits(logits)
     assert out.dtype == torch.float32
     assert_close(out, torch.full((1, 2), math.log(4.0)), rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ token_logprobs
+
+
+def chunked_scores(monkeypatch, chunk: int, entropy_grad: bool):
+    """token_logprobs at LOGIT_CHUNK=`chunk` on a fixed random problem (N=3, T=5, H=8, V=11, temperature 0.7),
+    backward through 2 * log-probs + 3 * entropies -> (log-probs, entropies, d hidden, d head weight, rows the
+    head saw per call, whether the entropy carried gradients)."""
+    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 11)
+    hidden = torch.randn(3, 5, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    rows = []
+
+    def counted(h):
+        rows.append(len(h))
+        return head(h)
+
+    logprobs, entropy = token_logprobs(counted, hidden, targets, 11, 0.7, entropy=True, entropy_grad=entropy_grad)
+    (2 * logprobs.sum() + 3 * entropy.sum()).backward() if entropy_grad else (2 * logprobs.sum()).backward()
+    return logprobs.detach(), entropy.detach(), hidden.grad, head.weight.grad, rows, entropy.requires_grad
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_token_logprobs_in_chunks_equal_full_logits_values_and_gradients(monkeypatch, entropy_grad):
+    whole = chunked_scores(monkeypatch, 10**6, entropy_grad)  # one chunk: the logits of all 15 positions at once
+    chunked = chunked_scores(monkeypatch, 2 * 11, entropy_grad)  # 2 positions a chunk: 8 chunks
+    # the reference: full [N, T, V] logits, log-softmax, by hand
+    torch.manual_seed(0)
+    head, hidden = torch.nn.Linear(8, 11), torch.randn(3, 5, 8, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    logp = torch.log_softmax(head(hidden) / 0.7, -1)  # [3, 5, 11]
+    logprobs, entropy = logp.gather(2, targets[..., None]).squeeze(-1), -(logp.exp() * logp).sum(-1)
+    (2 * logprobs.sum() + (3 * entropy.sum() if entropy_grad else 0)).backward()
+    for got in (whole, chunked):
+        assert_close(got[0], logprobs.detach(), rtol=1e-5, atol=1e-6)
+        assert_close(got[1], entropy.detach(), rtol=1e-5, atol=1e-6)
+        assert_close(got[2], hidden.grad, rtol=1e-5, atol=1e-6)
+        assert_close(got[3], head.weight.grad, rtol=1e-5, atol=1e-6)
+        assert got[5] == entropy_grad  # logged only, unless an entropy bonus trains it
+    assert whole[4] == [15]
+    # at most 2 positions' logits at a time, in the forward (8 chunks) and again in the backward (recomputed)
+    assert max(chunked[4]) == 2 and sum(chunked[4]) == 2 * 15
+
+
+def test_token_logprobs_without_entropy_or_gradients():
+    head = torch.nn.Linear(4, 6)
+    with torch.no_grad():
+        logprobs, entropy = token_logprobs(head, torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), 6)
+    assert logprobs.shape == (2, 3) and entropy is None and (logprobs < 0).all()
 
 
 # ----------------------------------------------------------------------------------------------- value_loss

@@ -163,3 +163,29 @@ def test_actor_value_head(path, cfg):
     plain_logits, none = Actor(actor.policy)(ids, mask, pos)
     assert none is None
     torch.testing.assert_close(plain_logits, logits)
+
+
+@pytest.mark.parametrize("model_type, head", [
+    ("llama", {}), ("qwen2", {}),
+    ("gemma2", {"final_logit_softcapping": 5.0, "head_dim": 8}),  # tanh soft-capping after the output layer
+    ("cohere", {"logit_scale": 0.5}), ("granite", {"logits_scaling": 4.0}),
+])
+def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
+    """The Actor runs the decoder and the output layer itself (to score a chunk of positions at a time): its logits
+    are those of the model's own forward, for families that transform them after the output layer too."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, vocab_size=40, hidden_size=16, intermediate_size=32,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, **head)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids, mask = torch.randint(1, 40, (2, 6)), torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        logits, _ = Actor(model)(ids, mask, pos)
+        logprobs, _, _ = Actor(model)(ids, mask, pos, keep=4, targets=ids[:, -3:])
+    torch.testing.assert_close(logits, expected)
+    # kept position k of the last 4 scores targets[:, k]
+    manual = torch.log_softmax(expected[:, -4:-1], -1).gather(2, ids[:, -3:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, manual)

@@ -14,7 +14,7 @@ from mrl.losses import aggregate, clipped_surrogate
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
-from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, policy_forward
+from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, policy_forward, position_ids
 from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 CPU = torch.device("cpu")
@@ -210,14 +210,26 @@ def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str):
     with torch.no_grad():
         old_logprobs, _, _ = policy_forward(actor, batch)
     actor.zero_grad(set_to_none=True)
-    logprobs, logits, _ = policy_forward(actor, batch)
-    logits.retain_grad()
+    outputs = []  # the logits the output layer computed, kept with their gradient
+
+    def logits(hidden):
+        out = Actor.logits(actor, hidden)
+        out.retain_grad()
+        outputs.append(out)
+        return out
+
+    actor.logits = logits
+    try:
+        logprobs, _, _ = policy_forward(actor, batch)
+    finally:
+        del actor.logits
     mask = batch.completion_mask.float()
     pg_loss, _ = clipped_surrogate(logprobs, old_logprobs, mask.clone(), algo.clip_low, algo.clip_high)
     loss = aggregate(pg_loss, mask, loss_agg)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in actor.named_parameters() if p.grad is not None}
-    return loss.detach(), logits.grad, grads
+    dlogits = torch.cat([out.grad for out in outputs]).view(*batch.completion_ids.shape, -1)  # [N, T, V]
+    return loss.detach(), dlogits, grads
 
 
 @pytest.mark.parametrize("loss_agg", ["seq_mean", "token_mean"])
@@ -309,7 +321,9 @@ def test_greedy_generation_picks_the_trainers_most_likely_token(model, tokenizer
     """What generate() sampled from (cached prompt, KV cache) is what policy_forward scores (one plain pass)."""
     prompts = [Prompt("add 3 4 ="), Prompt("7")]
     r = generate(model, tokenizer, prompts, 2, Sampling(8, greedy=True), WordsProtocol(tokenizer), CPU)
+    T = r.completion_ids.shape[1]
     with torch.no_grad():
-        _, logits, _ = policy_forward(Actor(model), r)  # [N, T, V]
+        logits, _ = Actor(model)(r.input_ids, r.attention_mask, position_ids(r.attention_mask), T + 1)
+    logits = logits[:, :-1]  # [N, T, V]: position t scores completion token t
     generated = r.completion_mask.bool()
     assert torch.equal(logits.argmax(-1)[generated], r.completion_ids[generated])

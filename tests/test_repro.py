@@ -70,3 +70,33 @@ def test_paper_settings_compose_with_their_arms(make_cfg):
             cfg = make_cfg(f"rewards={setting.rewards}", *overrides)
             assert {setting.task_channel, setting.constraint_channel} <= set(cfg.rewards.channels)
             assert set(setting.channels) == set(cfg.rewards.channels)
+
+
+def test_paper_reruns_one_setting_and_keeps_the_others(tmp_path, monkeypatch):
+    """SETTINGS=code: code's rows are measured anew, tool_call's stay from the last run; verdicts cover both."""
+    import mrl.repro.common as common
+    import mrl.repro.paper as paper
+
+    monkeypatch.setattr(paper, "REPORTS", tmp_path)
+    monkeypatch.setattr(common, "REPORTS", tmp_path)
+    monkeypatch.setenv("SETTINGS", "code")
+    (tmp_path / "paper").mkdir()
+    common.write_csv(tmp_path / "paper" / "paper.csv", [
+        {"setting": "tool_call", "arm": arm, "seeds": 3, "format_mean": fmt, "format_std": 0.1,
+         "correctness_mean": 0.46, "correctness_std": 0.0} for arm, fmt in (("grpo", 0.16), ("gdpo", 0.22))])
+
+    def measured(setting):  # gdpo ahead on pass rate, behind on bug ratio: mixed
+        return [{"setting": "code", "arm": arm, "seeds": 3, "pass_rate_mean": p, "pass_rate_std": 0.0,
+                 "bug_ratio_mean": b, "bug_ratio_std": 0.0, "length_mean": -1.0, "length_std": 0.0}
+                for arm, p, b in (("grpo", 0.1, -0.5), ("gdpo", 0.3, -0.7))], []
+
+    monkeypatch.setattr(paper, "run_setting", measured)
+    paper.main()
+    rows = common.read_csv(tmp_path / "paper" / "paper.csv")
+    assert [(r["setting"], r["arm"]) for r in rows] == [("tool_call", "grpo"), ("tool_call", "gdpo"),
+                                                        ("code", "grpo"), ("code", "gdpo")]
+    summary = (tmp_path / "paper" / "summary.md").read_text()
+    assert "| tool_call | GDPO ahead of GRPO on correctness and format |" in summary  # 0.46 tie: mixed
+    assert "gdpo: pass_rate 0.30 vs GRPO 0.10; bug_ratio -0.70 vs -0.50 | mixed |" in summary
+    assert "paper_code.png" in summary and "paper_tool_call.png" in summary
+    assert "math_length" not in summary.split("**Measured.**")[1]  # never measured: no row, no verdict

@@ -528,7 +528,7 @@ def test_score_on_error_drop_marks_the_sample_and_keeps_going():
     rs = RewardSet([ChannelSpec("ok", lambda e: 0.5, 1.0),
                     ChannelSpec("boom", lambda e: 1 / 0 if e.completion == "3" else 1.0, 1.0)])
     rewards, failed = rs.score([episode("7"), episode("3")], on_error="drop")
-    assert failed.tolist() == [False, True]
+    assert failed.tolist() == [[False, False], [False, True]]  # [N, K]: which channel failed on which sample
     assert rewards[0].tolist() == [0.5, 1.0] and torch.isnan(rewards[1]).all()
 
 

@@ -156,11 +156,14 @@ def test_policy_forward_matches_manual_and_ignores_left_pad(cfg, attn):
     completion = [4, 26, EOS]  # "0", a word, "<eos>"
     expected = manual_logprobs(model, MAX_3_7, completion)
     with torch.no_grad():
-        plain, logits, values = policy_forward(actor, rollouts([MAX_3_7], [[1] * 4], [completion], [[1, 1, 1]]))
-        padded, _, _ = policy_forward(
+        plain, entropy, values = policy_forward(actor, rollouts([MAX_3_7], [[1] * 4], [completion], [[1, 1, 1]]),
+                                                entropy=True)
+        padded, none, _ = policy_forward(
             actor, rollouts([[PAD, PAD] + MAX_3_7], [[0, 0, 1, 1, 1, 1]], [completion], [[1, 1, 1]]))
-    assert plain.shape == (1, 3) and logits.shape == (1, 3, 32) and values is None
+        logp = torch.log_softmax(model(torch.tensor([MAX_3_7 + completion])).logits[0, 3:-1], -1)  # [3, V]
+    assert plain.shape == entropy.shape == (1, 3) and values is None and none is None
     assert_close(plain[0], expected, atol=1e-5, rtol=0)
+    assert_close(entropy[0], -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
     assert_close(padded, plain, atol=1e-5, rtol=0)
     assert (plain < 0).all()
 

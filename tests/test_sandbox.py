@@ -1,7 +1,9 @@
-"""mrl.sandbox: generated code runs in a limited child process; hostile code fails without side effects."""
+"""mrl.sandbox: generated code runs in a limited, sandboxed child process and is graded here on plain data; hostile
+code fails without side effects.  Escapes and reward fakes have their own file, test_sandbox_escapes.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import tempfile
@@ -114,6 +116,8 @@ def test_network_is_blocked(code, test):
 
 
 def test_writing_outside_the_sandbox_fails_and_inside_works():
+    # Under bwrap, /tmp is the sandbox's own tmpfs (its cwd): a write there succeeds but never reaches the host.
+    # The Python guards refuse the rest.
     target = _escape_path()
     attempts = [
         f"open({str(target)!r}, 'w').write('x')",
@@ -125,6 +129,9 @@ def test_writing_outside_the_sandbox_fails_and_inside_works():
     ]
     for code in attempts:
         res = run_tests(code, ["True"], LIMITS)
+        assert not target.exists(), code
+        assert res.outcomes[0].error in ("PermissionError", None) and res.status == "ok", (code, res)
+        res = run_tests(code, ["True"], LIMITS, sandbox="process")
         assert res.outcomes == [TestOutcome(False, "PermissionError")], code
         assert not target.exists()
 
@@ -132,6 +139,8 @@ def test_writing_outside_the_sandbox_fails_and_inside_works():
     victim.write_text("keep me")
     try:
         res = run_tests(f"import os\nos.remove({str(victim)!r})", ["True"], LIMITS)
+        assert res.outcomes[0].error in ("PermissionError", "FileNotFoundError") and victim.read_text() == "keep me"
+        res = run_tests(f"import os\nos.remove({str(victim)!r})", ["True"], LIMITS, sandbox="process")
         assert res.outcomes == [TestOutcome(False, "PermissionError")] and victim.read_text() == "keep me"
     finally:
         victim.unlink()
@@ -196,3 +205,122 @@ def test_bad_arguments_raise_value_error():
     with pytest.raises(ValueError):
         run_tests_many([(ADD3, "True")], LIMITS)
     assert run_tests(ADD3, [], LIMITS).pass_rate == 0.0
+
+
+# ----------------------------------------------------------------------------------- grading in the trainer
+
+def test_values_come_back_as_plain_data_and_compare_like_python():
+    code = ("def f(x):\n    return {'t': (x, [x, 'a']), 's': {x}, 'b': b'\\x00', 'n': None, 'z': 1 + 2j}\n"
+            "def g(x):\n    return [x / 2, float('nan'), float('inf'), -0.0, True]\n")
+    tests = [
+        "f(1) == {'t': (1, [1, 'a']), 's': {1}, 'b': b'\\x00', 'n': None, 'z': 1 + 2j}",
+        "f(1)['t'] == [1, [1, 'a']]",  # a tuple is not a list, here as in Python
+        "g(3)[0] == 1.5 and g(3)[1] != g(3)[1] and g(3)[2] > 1e308",
+        "g(2)[4] is True and g(2)[4] == 1",  # bool stays bool
+        "len(f(2)) == 5 and sorted(f(2)) == ['b', 'n', 's', 't', 'z']",
+        "math.isclose(g(0.2)[0], 0.1) and abs(g(1)[0] - 0.5) < 1e-9",
+        "not g(1)[1] == 0",
+    ]
+    res = run_tests(code, tests, LIMITS)
+    assert [o.passed for o in res.outcomes] == [True, False, True, True, True, True, True], res.outcomes
+    assert res.error_rate == 0.0
+
+
+def test_assert_statements_and_test_forms():
+    code = "def is_even(n):\n    return n % 2 == 0\nLIMIT = 10\n"
+    tests = ["assert is_even(4)", "assert not is_even(3), 'odd'", "is_even(3)", "LIMIT == 10", "is_even(2) is True",
+             "[is_even(i) for i in range(3)] == [True, False, True]",  # a comprehension: unsupported
+             "'ab'.upper() == 'AB'",  # the test's own logic, nothing of the program: not sent to the sandbox
+             "assert is_even(2)\nassert is_even(4)", "True", "1 / 0"]
+    res = run_tests(code, tests, LIMITS)
+    assert [(o.passed, o.error) for o in res.outcomes] == [
+        (True, None), (True, None), (False, None), (True, None), (True, None), (False, "UnsupportedTest"),
+        (False, "UnsupportedTest"), (False, "SyntaxError"), (True, None), (False, "ZeroDivisionError")]
+
+
+@pytest.mark.parametrize("body,error", [
+    ("class A:\n    pass\n\ndef f(x):\n    return A()\n", "NotPlainData"),
+    ("class I(int):\n    pass\n\ndef f(x):\n    return I(4)\n", "NotPlainData"),
+    ("def f(x):\n    return [1, [2, (3, {4: print})]]\n", "NotPlainData"),
+    ("def f(x):\n    a = []\n    a.append(a)\n    return a\n", "NotPlainData"),  # recursive: too deep
+    ("def f(x):\n    return 'x' * 2_000_000\n", "ValueTooLarge"),
+    ("def f(x):\n    return x.missing\n", "AttributeError"),
+])
+def test_a_value_that_is_not_plain_data_fails_the_test(body, error):
+    res = run_tests(body, ["f(2) == 4", "f(2) != 4"], LIMITS)
+    assert res.status == "ok"
+    assert res.outcomes == [TestOutcome(False, error)] * 2
+
+
+def test_grading_cannot_be_blown_up_by_the_programs_values():
+    # Values the program controls reach the trainer's arithmetic: sizes stay bounded there.
+    code = "def f(x):\n    return 10 ** 12\n"
+    res = run_tests(code, ["'x' * f(1) == 'x'", "2 ** f(1) > 0", "len(range(f(1))) > 0", "sum([[1]], []) == [1]"],
+                    LIMITS)
+    assert [o.error for o in res.outcomes] == ["ValueError", "ValueError", "ValueError", "TypeError"]
+
+
+def test_stdin_stdout_tests_compare_the_output_here():
+    code = "import sys\na, b = map(int, input().split())\nprint(a + b)\nprint()\n"
+    tests = [{"stdin": "1 2\n", "stdout": "3"}, {"stdin": "5 5", "stdout": "10  \n\n"},
+             {"stdin": "1 1", "stdout": "3"}, {"stdin": "", "stdout": ""}]
+    res = run_tests(code, tests, LIMITS)
+    assert res.status == "ok"
+    assert [(o.passed, o.error) for o in res.outcomes] == [(True, None), (True, None), (False, None),
+                                                           (False, "EOFError")]
+    exits = "import sys\nprint(sys.stdin.buffer.read().decode().upper(), end='')\nexit(0)\n"
+    assert run_tests(exits, [{"stdin": "ab", "stdout": "AB"}], LIMITS).pass_rate == 1.0
+    res = run_tests("import sys\nsys.exit(3)", [{"stdin": "", "stdout": ""}], LIMITS)
+    assert res.outcomes == [TestOutcome(False, "SystemExit")]
+    # Mixed with expressions: the program runs once for the probes and once per I/O test.
+    mixed = "def f(x):\n    return x * 2\nif __name__ == '__main__':\n    print(f(int(input())))\n"
+    res = run_tests(mixed, ["f(2) == 4", {"stdin": "21", "stdout": "42"}], LIMITS)
+    assert res.pass_rate == 1.0 and res.stdout == ""
+
+
+def test_result_lines_are_validated_claims():
+    from mrl.sandbox import _parse
+
+    raw = b"\n".join([
+        b'{"ev":"loaded"}', b'{"ev":"load_error","e":"X"}',  # the first header counts
+        b'{"p":0,"v":{"tuple":[1,2]}}', b'{"p":0,"v":5}',  # the first answer for a probe counts
+        b'{"p":1,"v":{"__eq__":true}}', b'{"p":2,"v":NaN}', b'{"p":3,"v":{"set":[[1]]}}',  # not plain data
+        b'{"p":9,"v":1}', b'{"p":true,"v":1}', b'not json', b'[1]', b'{"io":0,"out":5}', b'{"io":0,"out":"ok","e":1}',
+    ])
+    reply = _parse(raw, n_probes=4, n_io=1)
+    assert reply.header == "loaded"
+    assert reply.probes == {0: ("v", (1, 2)), 1: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
+    assert reply.io == {0: ("ok", None)}
+
+    # Ints that all hash alike would make building the set quadratic in the trainer: refused, and quickly.
+    colliding = [i * (2**61 - 1) for i in range(50_000)]
+    start = time.monotonic()
+    reply = _parse(json.dumps({"p": 0, "v": {"set": colliding}}).encode(), n_probes=1, n_io=0)
+    assert reply.probes == {0: ("e", "NotPlainData")} and time.monotonic() - start < 2
+    spread = list(range(50_000))
+    assert _parse(json.dumps({"p": 0, "v": {"set": spread}}).encode(), 1, 0).probes == {0: ("v", set(spread))}
+
+
+def test_process_sandbox_runs_and_grades_the_same_way():
+    res = run_tests(ADD3, ["f(1) == 4", "f(1) == 5", "g(1)"], LIMITS, sandbox="process")
+    assert [(o.passed, o.error) for o in res.outcomes] == [(True, None), (False, None), (False, "NameError")]
+    with pytest.raises(ValueError):
+        run_tests(ADD3, ["True"], LIMITS, sandbox="docker")
+
+
+def test_missing_bwrap_refuses_in_one_line(monkeypatch):
+    import mrl.sandbox as sandbox
+    from mrl.config import UserError
+
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox._bwrap_base.cache_clear()
+    sandbox.check_sandbox.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable) as err:
+            run_tests(ADD3, ["f(1) == 4"], LIMITS)
+        assert isinstance(err.value, UserError) and "\n" not in str(err.value)
+        assert "apt-get install bubblewrap" in str(err.value) and "rewards.sandbox=process" in str(err.value)
+        assert run_tests(ADD3, ["f(1) == 4"], LIMITS, sandbox="process").pass_rate == 1.0
+    finally:
+        sandbox._bwrap_base.cache_clear()
+        sandbox.check_sandbox.cache_clear()

@@ -265,9 +265,9 @@ def test_code_batched_channels_keep_order_and_run_duplicates_once(monkeypatch):
     runs: list[str] = []
     real = code_rewards.run_tests_many
 
-    def counting(items, limits, max_workers=2):
+    def counting(items, limits, max_workers=2, **kwargs):
         runs.extend(code for code, _ in items)
-        return real(items, limits, max_workers=max_workers)
+        return real(items, limits, max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(code_rewards, "run_tests_many", counting)
     limits = dict(LIMITS, memory_mb=254)  # a fresh shared cache
@@ -421,4 +421,8 @@ def test_calc_agent_prompts_tool_and_channels():
     assert Format()(run([good], "")) == 1.0
     assert Format()(run([wrong_args], "")) == 0.0
     assert Format()(run([invalid, good], "")) == 0.0
-    assert Format()(run([], f"{a + b}")) == 0.0  # right answer without the tool: correct, but not the format
+    assert Format()(run([], f"{a + b}")) == 0.0
+    assert Correctness()(run([], f"{a + b}")) == 0.0  # the right sum without the tool: a guess, not the task
+    assert Correctness()(run([invalid], f"The answer is {a + b}.")) == 0.0
+    assert Correctness()(run([wrong_args, good], f"The answer is {a + b}.")) == 1.0
+    assert p.messages[3]["content"] == f"The answer is {shot['a'] + shot['b']}."

@@ -1,8 +1,8 @@
 """`make train-real`'s run, as a slow test: SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU.
 
 Skipped unless `make smollm2` has built models/smollm2-135m-instruct.  It runs the Makefile's TRAIN_REAL settings
-exactly (about an hour on 2 cores until the prompt prefix is shared across the group) and checks the issue's bar:
-the task channel rises by >= 0.2, first 10 steps' mean to the last 10's.
+exactly (20 steps: ~10 minutes on 2 quiet cores, ~25 while other jobs share them) and checks the issue's bar: the
+task channel rises by >= 0.2, first 10 steps' mean to the last 10's.
 """
 
 from __future__ import annotations

@@ -50,18 +50,40 @@ def multirun(name: str, sweep: list[str]) -> tuple[list[Run], str]:
     """Run `mrl train -m <sweep>` into reports/<name>/runs; return its runs and the exact command."""
     sweep_dir = REPORTS / name / "runs"
     shutil.rmtree(sweep_dir, ignore_errors=True)  # this target's own runs from a previous invocation
-    args = ["train", "-m", *sweep, *scale_overrides(), "logger=none", "logger.log_every=100",
-            "trainer.save_every=100000", f"hydra.sweep.dir={sweep_dir}"]
-    command = "mrl " + " ".join(shlex.quote(a) for a in args)
+    command = sweep_command(name, sweep)
     print(f"$ {command}", flush=True)
-    subprocess.run([sys.executable, "-m", "mrl.cli", *args], check=True)
+    subprocess.run([sys.executable, "-m", "mrl.cli", *sweep_args(name, sweep)], check=True)
+    return read_runs(sweep_dir), command
+
+
+def read_runs(sweep_dir: Path) -> list[Run]:
+    """The runs of a finished multirun, in job order."""
     runs = []
     for metrics in sorted(sweep_dir.glob(f"*/{METRICS_FILE}"), key=lambda p: int(p.parent.name.split("_")[0])):
         hydra_dir = metrics.parent / ".hydra"
         task = OmegaConf.load(hydra_dir / "overrides.yaml")
         swept = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in task}
         runs.append(Run(swept, OmegaConf.load(hydra_dir / "config.yaml"), read_metrics(metrics)))
-    return runs, command
+    return runs
+
+
+def sweep_args(name: str, sweep: list[str]) -> list[str]:
+    """`mrl` arguments of the multirun `name`: the sweep, the scale's overrides, quiet logs, no checkpoints."""
+    return ["train", "-m", *sweep, *scale_overrides(), "logger=none", "logger.log_every=100",
+            "trainer.save_every=100000", f"hydra.sweep.dir={REPORTS / name / 'runs'}"]
+
+
+def sweep_command(name: str, sweep: list[str]) -> str:
+    """The command line `multirun(name, sweep)` runs, as the reports print it."""
+    return "mrl " + " ".join(shlex.quote(a) for a in sweep_args(name, sweep))
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """The rows `write_csv` wrote, or [] when there is no file."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as file:
+        return list(csv.DictReader(file))
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -12,7 +12,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from mrl.repro.common import REPORTS, markdown_table, multirun, write_csv, write_summary
+from mrl.repro.common import REPORTS, markdown_table, multirun, read_csv, sweep_command, write_csv, write_summary
 from mrl.repro.plots import plot_band, pyplot, save_curves
 
 NAME = "paper"
@@ -52,66 +52,79 @@ def chosen_settings() -> list[Setting]:
     return [s for s in SETTINGS if s.rewards in names.split(",")]
 
 
-def main() -> None:
-    rows, verdicts, held = [], [], []
-    commands = []
-    settings = chosen_settings()
+def run_setting(setting: Setting) -> tuple[list[dict], list[str]]:
+    """Run every arm of `setting`; draw its curves to paper_<setting>.png.  -> (one row per arm, the commands)."""
     plt = pyplot()
-    fig, axes = plt.subplots(len(settings), 3, figsize=(14, 3.4 * len(settings)), squeeze=False)
-    for setting, row_axes in zip(settings, axes):
-        finals: dict[str, dict[str, list[float]]] = {}
-        for arm, overrides in setting.arms.items():
-            runs, command = multirun(f"{NAME}/{setting.rewards}-{arm}", [
-                f"rewards={setting.rewards}", *overrides, f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"])
-            commands.append(command)
-            finals[arm] = {ch: [r.mean_last(f"reward/{ch}/mean", LAST) for r in runs] for ch in setting.channels}
-            for ax, channel in zip(row_axes, setting.channels):
-                plot_band(ax, runs, f"reward/{channel}/mean", arm)
-                ax.set_title(f"{setting.rewards}: reward/{channel}")
-            rows.append({"setting": setting.rewards, "arm": arm, "seeds": len(runs)}
-                        | {f"{ch}_mean": statistics.mean(v) for ch, v in finals[arm].items()}
-                        | {f"{ch}_std": statistics.stdev(v) if len(v) > 1 else 0.0 for ch, v in finals[arm].items()})
-        for ax in row_axes[len(setting.channels):]:
-            ax.axis("off")
-        row_axes[0].legend(fontsize=7)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    rows, commands = [], []
+    for arm, overrides in setting.arms.items():
+        runs, command = multirun(f"{NAME}/{setting.rewards}-{arm}", [
+            f"rewards={setting.rewards}", *overrides, f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"])
+        commands.append(command)
+        finals = {ch: [r.mean_last(f"reward/{ch}/mean", LAST) for r in runs] for ch in setting.channels}
+        for ax, channel in zip(axes, setting.channels):
+            plot_band(ax, runs, f"reward/{channel}/mean", arm)
+            ax.set_title(f"{setting.rewards}: reward/{channel}")
+        rows.append({"setting": setting.rewards, "arm": arm, "seeds": len(runs)}
+                    | {f"{ch}_mean": statistics.mean(v) for ch, v in finals.items()}
+                    | {f"{ch}_std": statistics.stdev(v) if len(v) > 1 else 0.0 for ch, v in finals.items()})
+    for ax in axes[len(setting.channels):]:
+        ax.axis("off")
+    axes[0].legend(fontsize=7)
+    save_curves(fig, axes[:len(setting.channels)], REPORTS / NAME / f"paper_{setting.rewards}.png")
+    return rows, commands
 
-        def mean(arm: str, channel: str) -> float:
-            return statistics.mean(finals[arm][channel])
 
-        best = max((a for a in setting.arms if a != "grpo"), key=lambda a: mean(a, setting.task_channel))
-        task_held = mean(best, setting.task_channel) > mean("grpo", setting.task_channel)
-        constraint_held = mean(best, setting.constraint_channel) >= mean("grpo", setting.constraint_channel)
-        held.append(True if task_held and constraint_held else None if task_held or constraint_held else False)
-        verdicts.append([
-            setting.rewards,
-            f"GDPO ahead of GRPO on {setting.task_channel} and {setting.constraint_channel}",
-            f"{best}: {setting.task_channel} {mean(best, setting.task_channel):.2f} vs GRPO "
-            f"{mean('grpo', setting.task_channel):.2f}; {setting.constraint_channel} "
-            f"{mean(best, setting.constraint_channel):.2f} vs {mean('grpo', setting.constraint_channel):.2f}",
-            {True: "held", None: "mixed", False: "did not hold"}[held[-1]],
-        ])
-    save_curves(fig, [ax for row in axes for ax in row], REPORTS / NAME / "paper.png")
+def verdict(setting: Setting, rows: list[dict]) -> tuple[list[str], bool | None]:
+    """GDPO's best arm against GRPO on the setting's task and constraint channels: (table row, held)."""
+    mean = {(r["arm"], ch): float(r[f"{ch}_mean"]) for r in rows for ch in setting.channels}
+    best = max((a for a in setting.arms if a != "grpo"), key=lambda a: mean[a, setting.task_channel])
+    task, constraint = setting.task_channel, setting.constraint_channel
+    task_held = mean[best, task] > mean["grpo", task]
+    constraint_held = mean[best, constraint] >= mean["grpo", constraint]
+    held = True if task_held and constraint_held else None if task_held or constraint_held else False
+    return [setting.rewards, f"GDPO ahead of GRPO on {task} and {constraint}",
+            f"{best}: {task} {mean[best, task]:.2f} vs GRPO {mean['grpo', task]:.2f}; {constraint} "
+            f"{mean[best, constraint]:.2f} vs {mean['grpo', constraint]:.2f}",
+            {True: "held", None: "mixed", False: "did not hold"}[held]], held
 
-    all_channels = sorted({ch for s in settings for ch in s.channels})
-    write_csv(REPORTS / NAME / "paper.csv", [{k: r.get(k, "") for k in ["setting", "arm", "seeds"]
-                                              + [f"{c}_{s}" for c in all_channels for s in ("mean", "std")]}
-                                             for r in rows])
+
+def main() -> None:
+    """Run the chosen settings; a setting not chosen keeps the rows (paper.csv) and figure of its last run."""
+    csv_path = REPORTS / NAME / "paper.csv"
+    chosen = chosen_settings()
+    rows = [r for r in read_csv(csv_path) if r["setting"] not in {s.rewards for s in chosen}]
+    for setting in chosen:
+        rows += run_setting(setting)[0]
+    measured = [s for s in SETTINGS if any(r["setting"] == s.rewards for r in rows)]
+    rows.sort(key=lambda r: [s.rewards for s in SETTINGS].index(r["setting"]))
+
+    all_channels = sorted({ch for s in SETTINGS for ch in s.channels})
+    write_csv(csv_path, [{k: r.get(k, "") for k in ["setting", "arm", "seeds"]
+                          + [f"{c}_{s}" for c in all_channels for s in ("mean", "std")]} for r in rows])
     table = markdown_table(
         ["setting", "arm", "final per channel (mean ± std over seeds)"],
-        [[r["setting"], r["arm"], ", ".join(f"{c} {r[f'{c}_mean']:.2f} ± {r[f'{c}_std']:.2f}"
+        [[r["setting"], r["arm"], ", ".join(f"{c} {float(r[f'{c}_mean']):.2f} ± {float(r[f'{c}_std']):.2f}"
                                             for c in next(s for s in SETTINGS if s.rewards == r["setting"]).channels)]
          for r in rows])
-    verdict_table = markdown_table(["setting", "paper's direction", "here", "verdict"], verdicts)
+    verdicts = [verdict(s, [r for r in rows if r["setting"] == s.rewards]) for s in measured]
+    held = [h for _, h in verdicts]
+    verdict_table = markdown_table(["setting", "paper's direction", "here", "verdict"], [v for v, _ in verdicts])
+    figures = "\n\n".join(f"![{s.rewards}: per-channel curves](paper_{s.rewards}.png)" for s in measured)
+    commands = "\n".join(sweep_command(f"{NAME}/{s.rewards}-{arm}", [
+        f"rewards={s.rewards}", *overrides, f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"])
+        for s in SETTINGS for arm, overrides in s.arms.items())
     write_summary(
         NAME,
         claim="GDPO beats GRPO at the same weights on tool calling, math with a length limit and coding, on both "
               "the task's correctness and its constraint (format, length, bugs).",
-        setup="`make repro-paper`, per setting and arm:\n\n```\n" + "\n".join(commands) + "\n```\n\n"
+        setup="`make repro-paper` (`SETTINGS=code make repro-paper`: one setting; the others keep their last "
+              "results), per setting and arm:\n\n```\n" + commands + "\n```\n\n"
               f"Built-in tasks, tiny model, CPU, {STEPS} steps, seeds {SEEDS}; final = mean of the last {LAST} "
               "steps.  gdpo_conditioned: the length reward conditioned on correctness (Eq. 8), where the paper "
               "uses it.  Every channel is better when higher.",
-        numbers=table + "\n\n" + verdict_table + "\n\n![per-channel curves](paper.png)",
-        verdict=" ".join(f"{v[0]}: {v[3]}." for v in verdicts),
+        numbers=table + "\n\n" + verdict_table + "\n\n" + figures,
+        verdict=" ".join(f"{v[0]}: {v[3]}." for v, _ in verdicts),
         held=True if all(h is True for h in held) else False if all(h is False for h in held) else None,
     )
 

@@ -7,10 +7,12 @@ from mrl.tasks.calc_agent import CALC, final_answer
 
 
 class Correctness:
-    """1.0 when the last integer of the final message is the sum: `... = 85` for 37 + 48 -> 1.0, `84` -> 0.0."""
+    """1.0 when the agent called calc and the last integer of its final message is the sum: for 37 + 48, a call then
+    `The answer is 85.` -> 1.0; `84` -> 0.0; `85` without a call -> 0.0 (the task is to use the tool)."""
 
     def __call__(self, episode: Episode) -> float:
-        return float(final_answer(episode) == episode.prompt.meta["target"])
+        called = any(c.valid and c.name == CALC for c in episode.tool_calls)
+        return float(called and final_answer(episode) == episode.prompt.meta["target"])
 
 
 class Format:

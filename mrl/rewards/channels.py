@@ -6,6 +6,7 @@ detection and per-channel logging all need the channels apart.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -16,6 +17,9 @@ from torch import Tensor
 
 from mrl.config import UserError
 from mrl.episode import Episode
+from mrl.validation import configured_channels
+
+log = logging.getLogger(__name__)
 
 Channel = Callable[[Episode], float]
 
@@ -80,23 +84,24 @@ class RewardSet:
         return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
 
     def score(self, episodes: list[Episode], on_error: str = "raise") -> tuple[Tensor, Tensor]:
-        """Score N episodes on every channel: (rewards [N, K], failed [N] bool).
+        """Score N episodes on every channel: (rewards [N, K], failed [N, K] bool).
 
         A channel returning None abstains: NaN there, left out of that channel's statistics.  A channel with
         `batched = True` is called once with the list of episodes and returns one value per episode.  A channel that
         raises, or returns NaN/inf or a non-number, is an error naming the channel and the sample: raised
-        (`on_error="raise"`), or with `on_error="drop"` the sample gets NaN everywhere and `failed[n] = True`.
+        (`on_error="raise"`), or with `on_error="drop"` the sample gets NaN on every channel and `failed[n, k] = True`
+        for the channel k that failed (`failed.any(-1)`: the samples dropped).
         """
         rewards = torch.zeros(len(episodes), len(self.specs))
-        failed = torch.zeros(len(episodes), dtype=torch.bool)
+        failed = torch.zeros(len(episodes), len(self.specs), dtype=torch.bool)
         for k, spec in enumerate(self.specs):
             for n, value, problem in _evaluate(spec, episodes):
                 if problem is not None:
                     if on_error != "drop":
                         raise RewardError(_describe(spec.name, n, episodes[n], problem.message)) from problem.error
-                    failed[n] = True
+                    failed[n, k] = True
                 rewards[n, k] = float("nan") if value is None else value  # None: abstained, or failed
-        rewards[failed] = float("nan")
+        rewards[failed.any(-1)] = float("nan")
         return rewards, failed
 
     def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
@@ -134,6 +139,26 @@ class RewardSet:
                 keep &= ~violated
             stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated.float().mean().item()
         return shaped, keep, stats
+
+
+class FailureStreaks:
+    """With rewards.on_error=drop, the steps in a row on which each channel failed on every sample: at `limit` the run
+    stops (RewardError) instead of training on nothing.  limit 0: never."""
+
+    def __init__(self, names: list[str], limit: int):
+        self.names, self.limit = names, limit
+        self.counts = [0] * len(names)
+
+    def update(self, failed: Tensor) -> None:
+        """failed: [N, K] bool, every sample scored this step."""
+        for k, every in enumerate(failed.all(0).tolist() if len(failed) else [False] * len(self.names)):
+            self.counts[k] = self.counts[k] + 1 if every else 0
+            if self.limit > 0 and self.counts[k] >= self.limit:
+                raise RewardError(
+                    f"reward channel {self.names[k]!r} failed on every sample for {self.counts[k]} steps in a row, so "
+                    "rewards.on_error=drop left nothing to train on; run with rewards.on_error=raise to see its "
+                    f"error, or raise rewards.max_failed_steps (now {self.limit}; 0: never stop)"
+                )
 
 
 def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
@@ -179,22 +204,15 @@ def _describe(channel: str, index: int, episode: Episode, what: str) -> str:
 
 
 def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
-    """Instantiate the configured channels, apply algo.weights overrides, add the algorithm's own channels."""
-    channels = rewards_cfg.channels
-    if not channels:
-        raise UserError(f"rewards={rewards_cfg.name} defines no channels")
+    """Instantiate the configured channels (checked: mrl.validation.configured_channels), apply algo.weights
+    overrides, add the algorithm's own channels."""
+    channels, left_out = configured_channels(rewards_cfg, algo_cfg)
+    if left_out:
+        log.info(f"algo={algo_cfg.name} shapes {', '.join(left_out)}, which rewards={rewards_cfg.name} does not have: "
+                 "that part of the preset does not apply")
     overrides = dict(algo_cfg.weights) if algo_cfg.weights is not None else None
-    if overrides is not None and set(overrides) != set(channels):
-        raise UserError(
-            f"algo.weights has channels {sorted(overrides)} but rewards={rewards_cfg.name} has {sorted(channels)}; "
-            "give one weight per channel"
-        )
-    if overrides is not None and not all(isinstance(w, (int, float)) for w in overrides.values()):
-        raise UserError(f"algo.weights must map channel names to numbers, got {overrides}")
     specs = []
     for name, ch in channels.items():
-        if ch.enforce is not None and ch.kind.value != "constraint":
-            raise UserError(f"rewards.channels.{name}.enforce needs kind: constraint (it is {ch.kind.value})")
         specs.append(
             ChannelSpec(
                 name=name,

@@ -2,7 +2,8 @@
 
 "What is 37 + 48? Use the calc tool." — the agent calls `calc` with the two numbers in its chat format
 (`<tool_call>{"name": "calc", "arguments": {"a": 37, "b": 48}}</tool_call>`), reads the sum as a `tool` message,
-and answers with it.  Wrong arguments give a wrong sum, so the answer is right only when the call was.
+and answers with it.  Only an answer after a call counts: a 135M model that sums in its head is mostly wrong, and
+rewarding its lucky guesses taught it to skip the tool (measured: right answers fell 0.38 -> 0.06 in 10 steps).
 
 Why this task for a 135M model (measured with SmolLM2-135M-Instruct, temperature 1.0, 32 samples each): with the
 tool only described in the system prompt it wrote no call at all; one solved example given as *earlier turns* of
@@ -54,8 +55,7 @@ class CalcAgent:
         call = {"type": "function", "function": {"name": CALC, "arguments": arguments}}
         return [self._ask(problem), {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "name": CALC, "content": self.calc(problem, arguments)},
-                {"role": "assistant", "content": f"{problem.meta['a']} + {problem.meta['b']} = "
-                                                 f"{problem.meta['target']}"}]
+                {"role": "assistant", "content": f"The answer is {problem.meta['target']}."}]
 
     @staticmethod
     def calc(prompt: Prompt, arguments: dict[str, Any] | None = None) -> str:
@@ -67,6 +67,6 @@ class CalcAgent:
 
 
 def final_answer(episode: Episode) -> int | None:
-    """The last integer of the policy's last turn, or None: `37 + 48 = 85` -> 85; a turn that only called -> None."""
+    """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a call alone -> None."""
     found = INTEGER.findall(episode.turns[-1]) if episode.turns else []
     return int(found[-1]) if found else None

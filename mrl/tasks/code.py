@@ -2,9 +2,10 @@
 
 Built-in generator, sized for the tiny model: prompt `x + 3 =` asks for the body of `f(x)`, i.e. the expression
 `x + 3` (or `x * 3`), checked by tests such as `f(4) == 7`.  Real data (`data.path=...`): each record has
-`prompt` and `tests` (Python expressions that must be true, e.g. `"f(2) == 4"`), and optionally `wrap`, a template
-turning the completion into a program (`"def f(x):\\n    return {completion}"`); without it the completion, minus any
-Markdown code fence, is the program.  Code only ever runs in mrl.sandbox's separate, resource-limited process.
+`prompt` and `tests` (Python expressions that must be true, e.g. `"f(2) == 4"`, or `assert` statements, or
+`{"stdin": ..., "stdout": ...}` runs), and optionally `wrap`, a template turning the completion into a program
+(`"def f(x):\\n    return {completion}"`); without it the completion, minus any Markdown code fence, is the program.
+Code only ever runs in mrl.sandbox (bubblewrap by default); the tests are graded in the trainer.
 """
 
 from __future__ import annotations

@@ -1,0 +1,413 @@
+"""What keeps a run dir usable through faults: one trainer at a time, checkpoints that prove they are whole, and stops
+(SIGTERM, Ctrl-C) that lose no completed step.
+
+- A process that trains in a run dir holds `fcntl.flock` on RUN_DIR/.mrl.lock; a second one is refused.  `mrl train`
+  takes the lock, and makes the checks below, in a Hydra callback (`RunDirGuard`, registered in conf/train.yaml) that
+  runs after the config is composed and before Hydra creates the run dir or writes `.hydra/` into it: a refused start
+  changes nothing there.  The lock file's presence means nothing; only a live process's flock does.
+- Each checkpoint holds manifest.json: every file's size and sha256, and what the run trained (`run_identity`).  A
+  resume verifies the files, skips a damaged checkpoint with a warning for the previous intact one, refuses in one
+  line when none is intact, and refuses a config whose algorithm or reward set differs from the checkpoint's.
+- SIGTERM (what Slurm and Kubernetes send) and SIGINT stop the loop the same way (`StopSignals`): the last completed
+  step is checkpointed and the process exits with 128 + the signal's number.
+
+This module reads and writes files only; it imports neither torch nor the trainer, so `mrl train` refuses a start in
+about a second.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+from mrl.config import UserError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"  # checkpoints/latest: the name of the newest checkpoint, replaced atomically after each save
+MANIFEST = "manifest.json"
+STATE_FILE = "state.json"
+METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".mrl.lock"
+
+
+def warn(message: str) -> None:
+    print(f"mrl: warning: {message}", file=sys.stderr, flush=True)
+
+
+# ---- durable writes --------------------------------------------------------------------------------------------
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in `path` durable (POSIX: a directory's entries are synced through the dir)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text`, all or nothing, even across a power cut: write a temp file, fsync, rename."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+# ---- the lock --------------------------------------------------------------------------------------------------
+
+_HELD: dict[Path, list[int]] = {}  # run dir -> [lock fd, depth]: flock is per open file, so this process re-enters
+
+
+class RunDirLock:
+    """`fcntl.flock(LOCK_EX)` on RUN_DIR/.mrl.lock, held until `release` (or the process ends: the kernel drops it,
+    even after SIGKILL).  Re-entrant within a process: `mrl train`'s Hydra callback and `train()` both take it."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    def acquire(self) -> RunDirLock:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.key = self.run_dir.resolve()
+        if self.key in _HELD:
+            _HELD[self.key][1] += 1
+            return self
+        fd = os.open(self.key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise UserError(f"cannot lock the run dir {self.run_dir} ({err.strerror}); train in a run dir on a "
+                                "local disk (hydra.run.dir=...)") from None
+            raise UserError(f"the run dir {self.run_dir} is in use by another mrl process (pid {holder}): wait "
+                            "for it to end, or train in another hydra.run.dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # for the message a refused process prints
+        _HELD[self.key] = [fd, 1]
+        return self
+
+    def release(self) -> None:
+        held = _HELD.get(getattr(self, "key", None))
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[self.key]
+            os.ftruncate(held[0], 0)
+            os.close(held[0])  # closing the last descriptor of the file releases the flock
+
+    def __enter__(self) -> RunDirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# ---- checkpoint manifests --------------------------------------------------------------------------------------
+
+def _sha256(path: Path, sync: bool = False) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+        if sync:
+            os.fsync(file.fileno())
+    return digest.hexdigest()
+
+
+def seal_checkpoint(directory: Path, identity: dict[str, Any]) -> None:
+    """Write `directory`/manifest.json (each file's size and sha256, and the run's identity) and fsync the whole tree,
+    so that once the caller renames `directory` into place, the checkpoint is on disk whole."""
+    files = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p, sync=True)}
+             for p in sorted(directory.rglob("*")) if p.is_file()}
+    with open(directory / MANIFEST, "w") as file:
+        json.dump({"format": 1, "run": identity, "files": files}, file, indent=1)
+        file.flush()
+        os.fsync(file.fileno())
+    for folder in sorted({p.parent for p in directory.rglob("*")}, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(folder)
+
+
+_CHECKED: dict[Path, tuple[Any, str | None]] = {}  # checkpoint -> (its files' sizes and mtimes, problem)
+
+
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """Why `checkpoint` cannot be resumed from, in a few words, or None when every file matches its manifest entry.
+    Hashing a large checkpoint takes seconds, so a result is kept while no file's size or mtime changes."""
+    if not checkpoint.is_dir():
+        return "missing"
+    stamp = tuple((str(p), stat.st_size, stat.st_mtime_ns)
+                  for p in sorted(checkpoint.rglob("*")) for stat in [p.stat()])
+    cached = _CHECKED.get(checkpoint)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    problem = _verify(checkpoint)
+    _CHECKED[checkpoint] = (stamp, problem)
+    return problem
+
+
+def _verify(checkpoint: Path) -> str | None:
+    if not (checkpoint / MANIFEST).exists():
+        return f"no {MANIFEST} (written by an mrl older than checksums, or not a checkpoint)"
+    try:
+        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST} is unreadable ({type(err).__name__})"
+    if STATE_FILE not in files:
+        return f"{MANIFEST} lists no {STATE_FILE}"
+    for name, entry in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            return f"{name} has {size} of its {entry['bytes']} bytes"
+        if _sha256(path) != entry["sha256"]:
+            return f"{name} does not match its sha256 (corrupted)"
+    return None
+
+
+def step_of(checkpoint: Path) -> int | None:
+    match = re.fullmatch(r"step_(\d+)", checkpoint.name)
+    return int(match.group(1)) if match else None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint `checkpoints/latest` names, if it is there (not verified: see `resolve_resume`)."""
+    pointer = run_dir / CHECKPOINTS / LATEST
+    if not pointer.exists():
+        return None
+    path = run_dir / CHECKPOINTS / pointer.read_text(errors="replace").strip()
+    return path if (path / STATE_FILE).exists() else None
+
+
+def checkpoint_candidates(run_dir: Path) -> list[Path]:
+    """The checkpoints a resume may use, newest first: the one `latest` names, then the older ones.  Checkpoints newer
+    than `latest` belong to a trajectory that a resume from an earlier step abandoned; temp dirs (.step_*) are partial
+    writes."""
+    root = run_dir / CHECKPOINTS
+    saved = sorted((p for p in root.glob("step_*") if p.is_dir() and step_of(p) is not None), key=step_of,
+                   reverse=True)
+    pointer = root / LATEST
+    named = root / pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+    newest = step_of(named) if named is not None else None
+    if newest is None:
+        return saved
+    return [named] + [p for p in saved if step_of(p) < newest]
+
+
+def resolve_resume(resume: Any, run_dir: Path) -> Path | None:
+    """`trainer.resume`: false; true (this run dir); a checkpoint dir; or a run dir.  From a run dir, the newest
+    intact checkpoint: a damaged one is skipped with a warning.  A checkpoint named by its path must be intact."""
+    if resume in (False, None) or str(resume).lower() in ("false", "no", "0", ""):
+        return None
+    if resume is True or str(resume).lower() in ("true", "yes", "1", "latest"):
+        source = run_dir
+        if not checkpoint_candidates(source):
+            raise UserError(
+                f"trainer.resume=true but {run_dir}/{CHECKPOINTS} holds no checkpoint; start the run with "
+                "hydra.run.dir=<its run dir> or give trainer.resume=<checkpoint or run dir>"
+            )
+    else:
+        path = Path(str(resume)).expanduser()
+        if (path / STATE_FILE).exists() or (path / MANIFEST).exists():
+            problem = checkpoint_problem(path)
+            if problem is not None:
+                raise UserError(f"trainer.resume={resume!r}: this checkpoint cannot be used: {problem}; give its run "
+                                "dir instead to resume from the newest intact checkpoint there")
+            return path
+        if not path.is_dir() or not checkpoint_candidates(path):
+            raise UserError(f"trainer.resume={resume!r}: neither a checkpoint nor a run dir with checkpoints")
+        source = path
+    damaged = []
+    for checkpoint in checkpoint_candidates(source):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            if damaged:
+                _warn_once(f"{source / CHECKPOINTS}: skipped {'; '.join(damaged)}; resuming from {checkpoint.name}")
+            return checkpoint
+        damaged.append(f"{checkpoint.name} ({problem})")
+    shown = "; ".join(damaged[:2]) + (f"; and {len(damaged) - 2} more" if len(damaged) > 2 else "")
+    raise UserError(f"trainer.resume: no intact checkpoint in {source / CHECKPOINTS}: {shown}; train from scratch in "
+                    "another hydra.run.dir")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """`mrl train` resolves the resume twice (before Hydra writes, and in train()): say it once."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warn(message)
+
+
+# ---- what a resume must not change -----------------------------------------------------------------------------
+
+def run_identity(cfg) -> dict[str, Any]:
+    """The algorithm and the reward set of a run, as config keys: a resume that changes any of them is refused."""
+    def plain(value):
+        return value.value if isinstance(value, Enum) else value
+
+    return {
+        "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage), "algo.critic": plain(cfg.algo.critic),
+        "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels),
+    }
+
+
+def check_compatible(checkpoint: Path, cfg) -> None:
+    recorded = json.loads((checkpoint / MANIFEST).read_text()).get("run") or {}
+    current = run_identity(cfg)
+    differ = [key for key in current if key in recorded and recorded[key] != current[key]]
+    if differ:
+        def show(values):
+            return ", ".join(f"{k}={_yaml(values[k])}" for k in differ)
+
+        raise UserError(f"trainer.resume: {checkpoint} was trained with {show(recorded)}; this run has "
+                        f"{show(current)}. Resume with the checkpoint's algo and rewards, or train from scratch in "
+                        "another hydra.run.dir")
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return "null" if value is None else str(value)
+
+
+# ---- the checks before anything is written ---------------------------------------------------------------------
+
+def logged_steps(run_dir: Path) -> int:
+    path = run_dir / METRICS_FILE
+    return sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0
+
+
+def check_run_dir(cfg, run_dir: Path) -> Path | None:
+    """The checkpoint this run resumes from (None: a new run), after refusing, in one line, a start that would lose
+    or mix up work: a new run over a run dir that holds one, no intact checkpoint to resume, a changed algorithm or
+    reward set.  The caller holds the run dir's lock."""
+    resume_from = resolve_resume(cfg.trainer.resume, run_dir)
+    if resume_from is not None:
+        check_compatible(resume_from, cfg)
+        return resume_from
+    logged = logged_steps(run_dir)
+    if logged and checkpoint_candidates(run_dir):
+        raise UserError(f"{run_dir} already holds a run ({logged} steps in {METRICS_FILE}); continue it with "
+                        "trainer.resume=true, or start this one in another hydra.run.dir")
+    if logged:
+        raise UserError(f"{run_dir} already holds a run ({logged} steps in {METRICS_FILE}) that saved no checkpoint, "
+                        f"so it cannot be continued: start this one in another hydra.run.dir, or delete "
+                        f"{run_dir / METRICS_FILE} to start over there")
+    return None
+
+
+class RunDirGuard(Callback):
+    """Hydra calls `on_run_start` after composing the config and before it creates the run dir or writes `.hydra/`
+    there: take the run dir's lock and make `check_run_dir`'s checks, or print one line and exit 2.  A sweep's dir is
+    locked as a whole (each job's `train()` then locks and checks its own dir)."""
+
+    def __init__(self) -> None:
+        self.lock: RunDirLock | None = None
+
+    def on_run_start(self, config, **kwargs) -> None:
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))  # ${now:} is cached: Hydra gets the same dir
+        self._guard(run_dir, lambda: check_run_dir(config, run_dir))
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        self._guard(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))), lambda: None)
+
+    def on_run_end(self, config, **kwargs) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    on_multirun_end = on_run_end
+
+    def _guard(self, directory: Path, check) -> None:
+        try:
+            if directory.exists():  # lock, then look: another process may be writing there
+                self.lock = RunDirLock(directory).acquire()
+                check()
+            else:  # a new dir: a refused start must not create it
+                check()
+                self.lock = RunDirLock(directory).acquire()
+        except UserError as err:
+            print(f"mrl: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+# ---- SIGTERM and SIGINT ----------------------------------------------------------------------------------------
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT stopped the run (the loop has checkpointed the last completed step)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopSignals:
+    """SIGTERM and SIGINT, handled alike while the loop runs.  A signal raises `Interrupted` at once while the weights
+    are the last completed step's (generation, scoring), and the loop's handler checkpoints that step; between
+    `defer()` and `check()` (the update, its logs, a checkpoint write) it waits for the step to end.  A second signal
+    raises at once.  Handlers are installed only from the main thread (Python's rule) and restored by `restore()`."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.deferring = False
+        self.pending: int | None = None
+        self.previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.deferring and self.pending is None:
+            self.pending = signum
+            os.write(2, f"mrl: {signal.Signals(signum).name}: stopping after this step and its checkpoint "
+                        "(again to stop at once)\n".encode())
+            return
+        raise Interrupted(signum)
+
+    def defer(self) -> None:
+        self.deferring = True
+
+    def check(self) -> None:
+        self.deferring = False
+        if self.pending is not None:
+            raise Interrupted(self.pending)
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def resume_hint(run_dir: Path) -> str:
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return f"no step was completed, so {run_dir} holds nothing to resume"
+    return f"{checkpoint.name} is saved: continue with trainer.resume=true hydra.run.dir={run_dir}"

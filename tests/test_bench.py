@@ -1,0 +1,91 @@
+"""scripts/bench.py and scripts/bench_memory.py (`make bench`, `make bench-memory`): what they build composes and
+matches on both sides, so that the benchmarks cannot rot.  Nothing is timed here; TRL's side is checked where the
+`bench` extra is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load("bench")
+bench_memory = load("bench_memory")
+SHAPES = {**bench.SHAPES, "memory": bench_memory.shape_for(Path("/nonexistent/bench-qwen2"))}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_mrl_side_composes_as_the_shape_says(name):
+    shape = SHAPES[name]
+    cfg = bench.mrl_config(shape, 4)
+    t = cfg.trainer
+    assert (t.prompts_per_step, t.group_size, t.max_new_tokens, t.max_steps) == (shape.prompts, shape.group,
+                                                                                  shape.tokens, 4)
+    assert t.micro_batch_size == shape.prompts * shape.group and t.num_mini_batches == 1 and t.lr == shape.lr
+    assert (cfg.algo.name, cfg.algo.epochs, cfg.algo.kl_coef, cfg.algo.loss_agg) == ("grpo", 1, 0.0, "seq_mean")
+    assert list(cfg.rewards.channels) == ["correctness"] and cfg.logger.backend == "none"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_trl_side_trains_the_same_batch(name, tmp_path):
+    pytest.importorskip("trl")
+    from trl import GRPOConfig
+
+    shape = SHAPES[name]
+    args = GRPOConfig(**bench.trl_args(shape, 4, str(tmp_path)))
+    assert args.per_device_train_batch_size == args.generation_batch_size == shape.prompts * shape.group
+    assert (args.num_generations, args.max_completion_length, args.max_steps) == (shape.group, shape.tokens, 4)
+    assert args.steps_per_generation == args.num_iterations == args.gradient_accumulation_steps == 1
+    assert args.beta == 0 and args.loss_type == "grpo" and args.learning_rate == shape.lr and args.use_cpu
+    assert (args.temperature, args.top_p, args.top_k) == (1.0, 1.0, 0) and not args.use_vllm
+
+
+def test_both_score_with_mrls_own_channel():
+    cfg = bench.mrl_config(bench.SHAPES["tiny"], 2)
+    rows = bench.shared_prompts(cfg, 2, chat=False)
+    assert [r["prompt"] for r in rows] == ["max 8 4 =", "max 0 5 ="]  # math_length's first prompts, as mrl's
+    reward = bench.trl_reward(cfg)
+    answer = [json.loads(r["meta"])["answer"] for r in rows]
+    columns = {k: [r[k] for r in rows] for k in ("meta", "text", "messages")}
+    # plain text (tiny model) and chat messages (SmolLM2): the last number is the answer
+    text = reward(prompts=None, completions=[f"w3 {answer[0]}", "w3"], completion_ids=[[5, 6], [5]], **columns)
+    chat = reward(prompts=None, completions=[[{"role": "assistant", "content": f"so {a}"}] for a in answer],
+                  completion_ids=[[5, 6], [5, 6]], **columns)
+    assert text == [1.0, 0.0] and chat == [1.0, 1.0]
+
+
+def test_the_memory_model_is_a_tied_qwen2_of_98m_parameters(monkeypatch):
+    """Built at a small vocabulary (fast); at Qwen's 151,936 the embedding adds the rest: ~9.8M parameters."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setattr(bench_memory, "VOCAB", 96)
+    directory = bench_memory.model_dir()
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    config = model.config
+    assert config.model_type == "qwen2" and config.tie_word_embeddings and config.vocab_size == 96
+    assert (config.hidden_size, config.num_hidden_layers) == (64, 2)
+    at_qwen_vocab = sum(p.numel() for p in model.parameters()) + (151936 - 96) * config.hidden_size
+    assert math.isclose(at_qwen_vocab / 1e6, 9.85, abs_tol=0.05)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert len(tokenizer) == 96 and tokenizer.decode([95]).strip()  # every id is a word: any sample decodes
+
+
+def test_dry_run_lists_both_sides(capsys):
+    pytest.importorskip("trl")
+    bench.main(["--dry-run", "--shapes", "tiny,smollm2"])
+    out = capsys.readouterr().out
+    assert "tiny: mrl grpo P=8 G=8 T=10" in out and "TRL batch=8 G=4 T=32" in out
