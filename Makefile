@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/mrl/torch_extensions
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and Sm
 bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a 152k vocabulary (~10-30 min)
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench_memory.py $(ARGS)
+
+bench-lora: $(STAMP) ## LoRA vs full fine-tune, one step with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
+	$(BIN)/python scripts/bench_lora.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

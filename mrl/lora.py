@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -134,8 +135,9 @@ class BaseReference:
 def trained_state(actor: Trainable) -> dict[str, torch.Tensor]:
     """The trained parameters (adapters, value head) on CPU, keyed as in mrl.models.Actor (`policy.*`)."""
     names = {n for n, p in actor.module.named_parameters() if p.requires_grad}
-    if actor.zero_stage == 3:  # partitioned: gather (ZeRO-3 gathers the whole module)
-        return {k: v for k, v in actor.full_state_dict().items() if k in names}
+    if actor.zero_stage == 3:  # partitioned: gather the trained ones alone
+        state = actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+        return {k: v.detach().cpu() for k, v in state.items() if k in names}
     return {n: p.detach().cpu() for n, p in actor.module.named_parameters() if n in names}
 
 
@@ -148,6 +150,14 @@ def save_adapter(actor: Trainable, directory: Path) -> dict[str, torch.Tensor]:
     actor.module.policy.save_pretrained(directory, state_dict=cast_state(adapters, actor.precision.export),
                                         save_embedding_layers=False)
     return trained
+
+
+def adapter_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
+    """A peft adapter dir's weights keyed as the adapted model names its parameters (peft's file leaves out the
+    adapter's name: `q_proj.lora_A.weight` is the module's `q_proj.lora_A.default.weight`)."""
+    from peft.utils import load_peft_weights
+
+    return {re.sub(r"\.(lora_[AB])\.", r".\1.default.", k): v for k, v in load_peft_weights(str(policy_dir)).items()}
 
 
 def merged_policy(checkpoint: Path, cfg: ModelConfig) -> nn.Module:

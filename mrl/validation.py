@@ -229,8 +229,8 @@ def _check_lora(cfg: DictConfig) -> None:
     if unknown:
         kinds = sorted({name.rsplit(".", 1)[-1] for name in linear})
         raise UserError(f"model.lora.target_modules: {', '.join(unknown)} matches no linear layer of "
-                        f"{cfg.model.name_or_path} (its linear layers: {', '.join(kinds)}); fix the name, or use "
-                        "all-linear (every linear layer of attention and MLP)")
+                        f"{cfg.model.name_or_path} (its linear layers: {', '.join(kinds)}; the output layer takes no "
+                        "adapters); fix the name, or use all-linear (every linear layer of attention and MLP)")
 
 
 def check_yaml_syntax(config_dirs: list[str]) -> None:
