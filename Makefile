@@ -11,7 +11,7 @@ SMOLLM2 := models/smollm2-135m-instruct
 export SCALE ?= cpu
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow dp-check lint clean smollm2 bench bench-memory repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a
 
 dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ranks (ZeRO-2, gloo), timed; then the 2-rank tests
 	OUT=outputs/dp-check PYTHON=$(BIN)/python scripts/dp_cpu_check.sh
+
+bench-lora: $(STAMP) ## LoRA vs full fine-tune, one step with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
+	$(BIN)/python scripts/bench_lora.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts

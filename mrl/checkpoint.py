@@ -2,7 +2,9 @@
 
 Layout of run_dir/checkpoints/step_000050/:
   policy/             the policy as an ordinary model directory (model.safetensors, config, tokenizer), weights in
-                      model.dtype: what `mrl eval` and users load
+                      model.dtype: what `mrl eval` and users load.  With LoRA (model.lora.r > 0): a peft adapter
+                      dir (adapter_model.safetensors, adapter_config.json) and the tokenizer, no base weights; the
+                      optimizer's state below then covers the adapters alone (mrl/lora.py)
   value_head.safetensors | critic/ + critic_head.safetensors   (PPO; critic/ in model.dtype too)
   optimizer.pt (plain PyTorch: AdamW's state, and the float32 masters when model.dtype rounds policy/ and critic/)
   or deepspeed/ (DeepSpeed's own checkpoint: optimizer partitions with their float32 masters)
@@ -42,6 +44,7 @@ from safetensors.torch import save_file
 
 from mrl import distributed as dist
 from mrl.engine import DS_TAG, OPTIMIZER_FILE
+from mrl.lora import adapter_weights, is_adapter_dir, is_peft, save_adapter, trained_state
 from mrl.precision import save_model_dir
 from mrl.rundir import CHECKPOINTS, LATEST, STATE_FILE, atomic_write_text, fsync_dir, latest_checkpoint, seal_checkpoint
 
@@ -145,10 +148,14 @@ def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokeni
     """Every rank calls it: the ZeRO-3 weight gather and DeepSpeed's save are collective; rank 0 writes the model
     directories, the heads, the RNG states of all ranks and state.json."""
     main = dist.is_main()
-    weights = actor.full_state_dict()
+    lora = is_peft(actor.module.policy)
+    weights = trained_state(actor) if lora else actor.full_state_dict()
     if main:
-        policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
-        save_model_dir(actor.module.policy, directory / "policy", policy_weights, actor.precision.export)
+        if lora:  # the adapters alone; the base stays at model.name_or_path (mrl/lora.py)
+            save_adapter(actor, directory / "policy", weights)
+        else:
+            policy_weights = {k.removeprefix("policy."): v for k, v in weights.items() if k.startswith("policy.")}
+            save_model_dir(actor.module.policy, directory / "policy", policy_weights, actor.precision.export)
         tokenizer.save_pretrained(directory / "policy")
         head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
         if head:
@@ -172,7 +179,8 @@ def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokeni
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The actor's weights in `checkpoint` at full precision, keyed as in mrl.models.Actor (`policy.*`): DeepSpeed's
-    float32 masters, the masters in optimizer.pt, or policy/ itself when model.dtype did not round it."""
+    float32 masters, the masters in optimizer.pt, or policy/ itself when model.dtype did not round it.  A LoRA
+    checkpoint holds the trained weights alone: the adapters (and a value head), without the base."""
     if (checkpoint / DS_TAG).is_dir():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -180,6 +188,8 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     masters = torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"]
     if masters is not None:
         return masters
+    if is_adapter_dir(checkpoint / "policy"):
+        return {f"policy.{k}": v for k, v in adapter_weights(checkpoint / "policy").items()}
     from safetensors.torch import load_file
 
     return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}

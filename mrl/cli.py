@@ -152,5 +152,23 @@ def evaluate(
     print(f"\njson: {run_dir / EVAL_FILE}")
 
 
+@app.command("export")
+def export_cmd(
+    run_dir: Path = typer.Argument(..., help="A run dir (its latest checkpoint) or a checkpoint dir."),
+    merge: bool = typer.Option(False, "--merge", help="LoRA: merge the adapters into the base (a plain HF model)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: RUN_DIR/export)."),
+) -> None:
+    """Write the policy as a model dir: a full fine-tune's as is; a LoRA run's adapters, or with --merge the base
+    with the adapters merged, in model.dtype, with the tokenizer (loads with AutoModelForCausalLM.from_pretrained)."""
+    from mrl.config import UserError
+    from mrl.export import export
+
+    try:
+        path, what = export(run_dir, out, merge)
+    except UserError as err:
+        _fail(str(err))
+    print(f"mrl: wrote {what} to {path}")
+
+
 if __name__ == "__main__":
     app()

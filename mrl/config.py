@@ -154,6 +154,18 @@ class TinyModelSpec:
 
 
 @dataclass
+class LoraSettings:
+    """LoRA through peft (mrl/lora.py): the policy trains rank-`r` adapters on frozen base weights."""
+
+    r: int = 0  # 0: off (full fine-tuning)
+    alpha: float = 32.0  # the adapters' output is scaled by alpha / r
+    dropout: float = 0.0
+    # Which modules get adapters: peft's "all-linear" (every linear layer of attention and MLP; the LM head and
+    # embeddings excluded), or a list of module names such as [q_proj, v_proj].
+    target_modules: Any = "all-linear"
+
+
+@dataclass
 class ModelConfig:
     # A hub id (`Qwen/Qwen3-0.6B`), a local model directory, or `builtin:tiny` for the built-in model.
     name_or_path: str = MISSING
@@ -171,6 +183,7 @@ class ModelConfig:
     critic_lr: float = 1e-5  # algo.critic_lr's default: a rate suited to fine-tuning this backbone as a critic
     attn_implementation: Optional[str] = None
     tiny: Optional[TinyModelSpec] = None
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 @dataclass

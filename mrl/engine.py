@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from mrl.config import DeepSpeedConfig
+from mrl.config import DeepSpeedConfig, UserError
 from mrl.precision import MASTER, Precision, deepspeed_modes, grad_scaler, precision_for
 
 DS_TAG = "deepspeed"
@@ -107,6 +107,8 @@ class Trainable:
                  ds: DeepSpeedConfig, micro_batch_size: int, device: torch.device,
                  lr_by_prefix: dict[str, float] | None = None):
         self.grad_clip = grad_clip
+        # Weights that never train (a LoRA policy's base) stay out of checkpoints: they are where the model came from.
+        self.frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
         self.precision = precision_for(ds.model_dtype, device)
         params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
@@ -172,24 +174,29 @@ class Trainable:
 
     def save_optimizer(self, directory: Path) -> None:
         """What the optimizer needs to go on exactly: its moments, the loss scale, and the float32 masters when the
-        checkpoint's model directories round them to model.dtype (DeepSpeed's checkpoint holds all of it)."""
+        checkpoint's model directories round them to model.dtype (DeepSpeed's checkpoint holds all of it); frozen
+        weights are left out."""
         if self.engine is not None:
-            self.engine.save_checkpoint(str(directory), tag=DS_TAG)
+            self.engine.save_checkpoint(str(directory), tag=DS_TAG, exclude_frozen_parameters=bool(self.frozen))
             return
         rounded = self.precision.export != MASTER
+        masters = {k: v for k, v in self.module.state_dict().items() if k not in self.frozen} if rounded else None
         torch.save({"optimizer": self.optimizer.state_dict(), "grad_scaler": self.scaler.state_dict(),
-                    "masters": self.module.state_dict() if rounded else None}, directory / OPTIMIZER_FILE)
+                    "masters": masters}, directory / OPTIMIZER_FILE)
 
     def load_optimizer(self, directory: Path) -> None:
         """Restore what `save_optimizer` wrote; the masters replace the rounded weights the module was loaded with."""
         if self.engine is not None:
-            self.engine.load_checkpoint(str(directory), tag=DS_TAG)
+            self.engine.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=not self.frozen)
             return
         state = torch.load(directory / OPTIMIZER_FILE, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["grad_scaler"])
         if state["masters"] is not None:
-            self.module.load_state_dict(state["masters"])
+            missing = set(self.module.load_state_dict(state["masters"], strict=not self.frozen).missing_keys)
+            if missing - self.frozen:
+                raise UserError(f"{directory / OPTIMIZER_FILE} lacks trained weights "
+                                f"{sorted(missing - self.frozen)[:3]}: it belongs to another model or LoRA setting")
 
 
 @contextmanager

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from mrl.config import TrainConfig, UserError
 from mrl.loop import pick_device, seed_everything
-from mrl.models import load_causal_lm, load_tokenizer, quiet_transformers
+from mrl.lora import load_for_inference
+from mrl.models import load_tokenizer, quiet_transformers
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, Sampling
 from mrl.rundir import checkpoint_candidates, newest_intact
@@ -44,7 +45,7 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     seed_everything(seed)
     device = pick_device(cfg.trainer.device)
     tokenizer = load_tokenizer(str(checkpoint / "policy"))
-    policy = load_causal_lm(str(checkpoint / "policy"), cfg.model, device).eval()
+    policy = load_for_inference(checkpoint, cfg.model, device).eval()  # LoRA: adapters merged into the base
     task = build_task(cfg)
     prompts = held_out_prompts(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)

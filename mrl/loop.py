@@ -49,6 +49,7 @@ from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
+from mrl.lora import BaseReference, load_policy, uses_lora
 from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
@@ -267,14 +268,14 @@ def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
 
 
 def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None):
-    """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head) and its
-    optimizer, a separate critic with its own (PPO+model), a frozen reference (kl_coef > 0)."""
+    """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head; LoRA
+    adapters with model.lora.r > 0) and its optimizer, a separate critic with its own (PPO+model), a frozen reference
+    (kl_coef > 0)."""
     algo, trainer = cfg.algo, cfg.trainer
     with dist.main_first():  # the built-in tiny model is built once, by rank 0
         init_path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(init_path)
-    policy_path = str(resume_from / "policy") if resume_from else init_path
-    actor_module = Actor(load_causal_lm(policy_path, cfg.model, device), value_head=algo.critic == "head")
+    actor_module = Actor(load_policy(cfg.model, init_path, device, resume_from), value_head=algo.critic == "head")
     critic = None
     if estimator.needs_critic and algo.critic == "model":
         critic_path = str(resume_from / "critic") if resume_from else init_path
@@ -285,7 +286,9 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
     actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
                       trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
     reference = None
-    if algo.kl_coef > 0:
+    if algo.kl_coef > 0 and uses_lora(cfg.model):
+        reference = BaseReference(actor.module)  # the policy with its adapters off: no second copy (mrl/lora.py)
+    elif algo.kl_coef > 0:
         # In the weights' dtype the policy's forward sees (bf16 under DeepSpeed's bf16 mode), so that KL is 0 at start.
         reference = Actor(load_causal_lm(init_path, cfg.model, device, weights=actor.module_dtype)
                           ).eval().requires_grad_(False)

@@ -245,11 +245,12 @@ def empty_cache(model: nn.Module):
     """A KV cache to fill with a forward pass (and to grow token by token in `generate`)."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=model.config)
+    return DynamicCache(config=hf_model(model).config)
 
 
 def checkpointed(model: nn.Module) -> bool:
     """Whether activation checkpointing is on (its name changed in transformers 5)."""
+    model = hf_model(model)
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
         else "is_gradient_checkpointing"
     return bool(getattr(model, name, False))
@@ -257,7 +258,14 @@ def checkpointed(model: nn.Module) -> bool:
 
 def cache_kwarg(model: nn.Module) -> str:
     """The forward's name for the KV cache: `cache` since transformers 5.2x, `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(hf_model(model).forward).parameters else "past_key_values"
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The transformers model itself: a peft model's base model (its adapters injected and active), else `model`.
+    A peft model's forward takes **kwargs, so its signature and attributes do not tell what the model accepts."""
+    base = getattr(model, "get_base_model", None)
+    return base() if callable(base) else model
 
 
 class ValueModel(nn.Module):

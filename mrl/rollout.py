@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.episode import Episode, Prompt, ToolCall
-from mrl.models import cache_kwarg, empty_cache
+from mrl.models import cache_kwarg, empty_cache, hf_model
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
 
 
@@ -192,6 +192,7 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     turn: a tool call's result is appended as tokens (mask 0: never trained on) and the episode goes on, up to
     `protocol.max_turns` turns, unless it ended.  The ids trained on are exactly the ids sampled.
     """
+    model = hf_model(model)  # a peft model's generate keeps its own generation_config: go to the HF model
     encoded = [protocol.prompt_ids(p) for p in prompts]
     prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
     # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the

@@ -94,6 +94,9 @@ BOUNDS = [
     Bound("deepspeed.gradient_clipping", 0),
     Bound("logger.log_every", 1),
     Bound("logger.samples_every", 0, fix="0 writes no transcripts"),
+    Bound("model.lora.r", 0, fix="the adapters' rank; 0 turns LoRA off, 16 is usual"),
+    Bound("model.lora.alpha", 0, strict=True, fix="the adapters' output is scaled by alpha / r; 2 * r is usual"),
+    Bound("model.lora.dropout", 0, 1, below_high=True, fix="dropout on the adapters' input; 0 turns it off"),
 ]
 CHANNEL_BOUNDS = [Bound("weight"), Bound("threshold"), Bound("gated_value"), Bound("violation_below")]
 
@@ -149,6 +152,7 @@ def validate(cfg: DictConfig) -> None:
     _check_ranks(cfg)
     configured_channels(cfg.rewards, a)
     _check_inputs(cfg)
+    _check_lora(cfg)
 
 
 def _check_device(name: str) -> None:
@@ -230,6 +234,32 @@ def _check_inputs(cfg: DictConfig) -> None:
         resolve_model_path(cfg.model)
     if cfg.data.path:
         dataset_file(cfg.data.path)
+
+
+def _check_lora(cfg: DictConfig) -> None:
+    """model.lora.target_modules: all-linear, or names that are modules of this model (peft would silently skip a
+    misspelt one as long as another name matches)."""
+    lora = cfg.model.lora
+    if lora.r == 0:
+        return
+    target = lora.target_modules
+    names = [target] if isinstance(target, str) else list(target) if OmegaConf.is_list(target) else None
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise UserError(f"model.lora.target_modules={target!r}: give all-linear, or a list of module names such as "
+                        "[q_proj,k_proj,v_proj,o_proj]")
+    if names == ["all-linear"]:
+        return
+    from mrl.lora import linear_module_names, unknown_targets
+
+    linear = linear_module_names(cfg.model)
+    if linear is None:  # a hub id whose config this machine cannot read: peft checks when it loads the model
+        return
+    unknown = unknown_targets(target if isinstance(target, str) else names, linear)
+    if unknown:
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise UserError(f"model.lora.target_modules: {', '.join(unknown)} matches no linear layer of "
+                        f"{cfg.model.name_or_path} (its linear layers: {', '.join(kinds)}; the output layer takes no "
+                        "adapters); fix the name, or use all-linear (every linear layer of attention and MLP)")
 
 
 def check_yaml_syntax(config_dirs: list[str]) -> None:

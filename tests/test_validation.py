@@ -66,6 +66,15 @@ BAD_VALUES = {
     "algo.weights={correctness:1,efficiency:nan,safety:1}": ["algo.weights.efficiency=nan", "finite"],
     "model.name_or_path=/no/such/model": ["model.name_or_path='/no/such/model'", "no such directory"],
     "data.path=/no/such/data.jsonl": ["/no/such/data.jsonl", "does not exist"],
+    "model.lora.r=-1": ["model.lora.r=-1", ">= 0", "0 turns LoRA off"],
+    "model.lora.r=4 model.lora.alpha=0": ["model.lora.alpha=0.0", "> 0", "alpha / r"],
+    "model.lora.r=4 model.lora.dropout=1.0": ["model.lora.dropout=1.0", ">= 0 and < 1"],
+    "model.lora.r=4 model.lora.dropout=-0.1": ["model.lora.dropout=-0.1", ">= 0 and < 1"],
+    "model.lora.r=4 model.lora.target_modules=[]": ["model.lora.target_modules=[]", "all-linear"],
+    "model.lora.r=4 model.lora.target_modules=[q_proj,v_prj]": [
+        "model.lora.target_modules: v_prj matches no linear layer of builtin:tiny",
+        "its linear layers: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj", "all-linear"],
+    "model.lora.r=4 model.lora.target_modules=lm_head": ["lm_head matches no linear layer", "the output layer"],
 }
 
 

@@ -1,0 +1,58 @@
+"""`mrl export RUN_DIR [--merge] [--out DIR]`: a checkpoint's policy as a model directory to hand on.
+
+A full fine-tune's policy/ is already an ordinary HF model directory in model.dtype: it is copied as it is.  A LoRA
+run's policy/ holds adapters only: `--merge` writes the base with the adapters merged in (float32 masters merged,
+then saved in model.dtype) and the tokenizer, which `AutoModelForCausalLM.from_pretrained` loads with no peft;
+without `--merge` the adapter directory is copied (load it with peft's `PeftModel.from_pretrained(base, DIR)`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from mrl.checkpoint import latest_checkpoint
+from mrl.config import UserError
+from mrl.evaluate import run_config
+from mrl.lora import is_adapter_dir, merged_policy
+from mrl.models import load_tokenizer, quiet_transformers
+from mrl.precision import DTYPES, save_model_dir
+
+
+def find_checkpoint(source: Path) -> Path:
+    """`source` is a checkpoint dir (step_000050) or a run dir (its latest checkpoint)."""
+    if (source / "state.json").exists():
+        return source
+    found = latest_checkpoint(source) if source.is_dir() else None
+    if found is None:
+        raise UserError(f"{source}: neither a checkpoint nor a run dir with checkpoints (checkpoints/latest)")
+    return found
+
+
+def export(source: Path, out: Path | None = None, merge: bool = False) -> tuple[Path, str]:
+    """Write `source`'s policy to `out` (default RUN_DIR/export).  Returns (out, what was written)."""
+    checkpoint = find_checkpoint(source)
+    run_dir = checkpoint.parent.parent
+    out = out if out is not None else run_dir / "export"
+    if out.exists() and any(out.iterdir()):
+        raise UserError(f"--out {out} exists and is not empty: give another --out or remove it")
+    policy = checkpoint / "policy"
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if is_adapter_dir(policy) and merge:
+        cfg = run_config(run_dir).model
+        quiet_transformers()
+        model = merged_policy(checkpoint, cfg)
+        save_model_dir(model, tmp, model.state_dict(), DTYPES[cfg.dtype])
+        load_tokenizer(str(policy)).save_pretrained(tmp)
+        what = f"the base model with {checkpoint.name}'s LoRA adapters merged, in {cfg.dtype}"
+    else:
+        shutil.copytree(policy, tmp)
+        what = (f"{checkpoint.name}'s LoRA adapters (peft; --merge for a plain model)" if is_adapter_dir(policy)
+                else f"{checkpoint.name}'s policy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        out.rmdir()  # empty, checked above
+    os.replace(tmp, out)
+    return out, what
