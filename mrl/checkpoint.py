@@ -36,7 +36,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -146,11 +146,26 @@ def _reason(err: Exception) -> str:
 
 def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokenizer, critic) -> None:
     """Every rank calls it: the ZeRO-3 weight gather and DeepSpeed's save are collective; rank 0 writes the model
-    directories, the heads, the RNG states of all ranks and state.json."""
+    directories, the heads, the RNG states of all ranks and state.json.
+
+    A write that fails (a full disk) must not make its rank skip the collectives after it, or the other ranks would
+    wait in them for ever: after a failure a rank writes nothing more of its own, still takes part in every
+    collective, and raises its first error at the end (the caller then fails the save on every rank)."""
     main = dist.is_main()
+    failed: list[Exception] = []
+
+    def attempt(write: Callable[[], None], collective: bool = False) -> None:
+        """Rank 0's own write (skipped after a failure), or a collective step every rank must run."""
+        if collective or (main and not failed):
+            try:
+                write()
+            except Exception as err:
+                failed.append(err)
+
     lora = is_peft(actor.module.policy)
     weights = trained_state(actor) if lora else actor.full_state_dict()
-    if main:
+
+    def write_policy() -> None:
         if lora:  # the adapters alone; the base stays at model.name_or_path (mrl/lora.py)
             save_adapter(actor, directory / "policy", weights)
         else:
@@ -160,21 +175,31 @@ def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokeni
         head = {k: v.contiguous() for k, v in weights.items() if k.startswith("value_head.")}
         if head:
             save_file(head, directory / "value_head.safetensors")
-    actor.save_optimizer(directory)
+
+    attempt(write_policy)
+    attempt(lambda: actor.save_optimizer(directory), collective=True)
     if critic is not None:
         critic_weights = critic.full_state_dict()
-        if main:
+
+        def write_critic() -> None:
             backbone = {k.removeprefix("backbone."): v for k, v in critic_weights.items()
                         if k.startswith("backbone.")}
             save_model_dir(critic.module.backbone, directory / "critic", backbone, critic.precision.export)
             save_file({k: v.contiguous() for k, v in critic_weights.items() if k.startswith("value_head.")},
                       directory / "critic_head.safetensors")
+
+        attempt(write_critic)
         dist.barrier()  # critic/ exists before the ranks write DeepSpeed's files into it
-        critic.save_optimizer(directory / "critic")
+        attempt(lambda: critic.save_optimizer(directory / "critic"), collective=True)
     rngs = dist.gather_objects(rng_state())
-    if main:
+
+    def write_state() -> None:
         (directory / RNG_FILE).write_text(json.dumps(rngs[0] if len(rngs) == 1 else {"ranks": rngs}))
         (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    attempt(write_state)
+    if failed:
+        raise failed[0]
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -135,8 +135,8 @@ class BaseReference:
 def trained_state(actor: Trainable) -> dict[str, torch.Tensor]:
     """The trained parameters (adapters, value head) on CPU, keyed as in mrl.models.Actor (`policy.*`)."""
     names = {n for n, p in actor.module.named_parameters() if p.requires_grad}
-    if actor.zero_stage == 3:  # partitioned: gather the trained ones alone
-        state = actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True)
+    if actor.zero_stage == 3:  # partitioned: gather the trained ones alone (collective; rank 0 gets them, others {})
+        state = actor.engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=True) or {}
         return {k: v.detach().cpu() for k, v in state.items() if k in names}
     return {n: p.detach().cpu() for n, p in actor.module.named_parameters() if n in names}
 

@@ -3,6 +3,8 @@
 `python tests/dp_worker.py train ...` is `python -m mrl train ...` (mrl.cli.main), except that after each checkpoint
 every rank writes its whole parameters (gathered under ZeRO-3) to RUN_DIR/params_rank<r>_step<k>.pt, so the test
 can compare the ranks' weights; and `grads ...` runs one update on a fixed batch (see `grads`).
+With MRL_TEST_FULL_DISK_ON_RANK0=1 rank 0's writes of the policy dir fail as on a full disk (the other ranks'
+DeepSpeed writes go on); `dp_worker.AlwaysFails` is a reward channel that fails on every sample.
 """
 
 from __future__ import annotations
@@ -27,6 +29,23 @@ def spy_on_checkpoints() -> None:
         return final
 
     loop.save_checkpoint = save_and_dump
+
+
+class AlwaysFails:
+    def __call__(self, episode) -> float:
+        raise RuntimeError("grader unreachable")
+
+
+def full_disk_on_rank0() -> None:
+    import errno
+
+    import mrl.checkpoint as checkpoint
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    if os.environ.get("RANK") == "0":
+        checkpoint.save_model_dir = checkpoint.save_adapter = no_space
 
 
 def grads(out: str, stage: int) -> None:
@@ -96,6 +115,8 @@ if __name__ == "__main__":
         grads(sys.argv[2], int(sys.argv[3]))
     else:
         spy_on_checkpoints()
+        if os.environ.get("MRL_TEST_FULL_DISK_ON_RANK0"):
+            full_disk_on_rank0()
         from mrl.cli import main
 
         main()

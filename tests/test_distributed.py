@@ -133,7 +133,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def torchrun(nproc: int, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def torchrun(nproc: int, *args: str, cwd: Path, timeout: int = 600, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess:
     """The launcher and its ranks in a session of their own: on a timeout all of them are killed, not only the
     launcher (ranks left behind would hold the CPU for the tests after)."""
     import signal
@@ -141,7 +142,7 @@ def torchrun(nproc: int, *args: str, cwd: Path, timeout: int = 600) -> subproces
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), *args]
     process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=_env(), start_new_session=True)
+                               env={**_env(), **(env or {})}, start_new_session=True)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -242,3 +243,43 @@ def test_sigterm_to_the_launcher_stops_both_ranks_after_a_checkpointed_step(tmp_
     assert checkpoint is not None, stderr[-3000:]
     assert checkpoint.name == f"step_{logged[-1]['step']:06d}"  # the last completed step is saved, by both ranks
     assert (checkpoint / "deepspeed" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").exists()
+
+
+@pytest.mark.slow
+def test_lora_under_zero3_on_two_ranks_checkpoints_and_resumes(tmp_path):
+    """ZeRO-3 gathers the adapters to rank 0 alone: the other ranks must still reach DeepSpeed's collective save
+    (they used to stop on the gather's None and leave rank 0 waiting for ever)."""
+    lora = ["model.lora.r=4", "model.lora.alpha=8", "algo.kl_coef=0.1"]
+    run_dir = two_rank_run(tmp_path, 3, 1, *lora)
+    assert (run_dir / "checkpoints" / "step_000001" / "policy" / "adapter_model.safetensors").is_file()
+    _check(torchrun(2, "train", "deepspeed=zero3", "trainer.max_steps=2", *TINY, *lora, "trainer.resume=true",
+                    f"hydra.run.dir={run_dir}", cwd=tmp_path, timeout=400))
+    assert [r["step"] for r in read_metrics(run_dir / METRICS_FILE)] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_write_failing_on_rank_0_stops_both_ranks_in_one_line(tmp_path):
+    """Rank 0 cannot write the policy dir (a full disk): both ranks still meet in every collective of the save, and
+    the run stops with the one line a single process gives, nothing half-written left as a checkpoint."""
+    run_dir = tmp_path / "run"
+    result = torchrun(2, "train", "deepspeed=zero2", "trainer.max_steps=1", *TINY, f"hydra.run.dir={run_dir}",
+                      cwd=tmp_path, timeout=300, env={"MRL_TEST_FULL_DISK_ON_RANK0": "1"})
+    assert result.returncode != 0
+    assert "mrl: error: could not write checkpoint step_000001" in result.stderr
+    assert "No space left on device" in result.stderr
+    assert not list((run_dir / "checkpoints").glob("*step_000001*"))
+
+
+@pytest.mark.slow
+def test_a_channel_failing_on_every_sample_on_two_ranks_checkpoints_the_last_completed_step(tmp_path):
+    """The failure streak is counted on the gathered rows, so every rank stops at the same step and together they
+    save the step before it, as one process does."""
+    run_dir = tmp_path / "run"
+    result = torchrun(2, "train", "deepspeed=zero2", "trainer.max_steps=10", "trainer.save_every=100", *TINY,
+                      "rewards.on_error=drop", "rewards.max_failed_steps=2",
+                      "rewards.channels.safety.fn._target_=dp_worker.AlwaysFails", f"hydra.run.dir={run_dir}",
+                      cwd=tmp_path, timeout=400)
+    assert result.returncode != 0
+    assert "'safety' failed on every sample for 2 steps in a row" in result.stderr
+    assert [r["step"] for r in read_metrics(run_dir / METRICS_FILE)] == [1]
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000001"

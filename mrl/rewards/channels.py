@@ -150,15 +150,18 @@ class FailureStreaks:
         self.counts = [0] * len(names)
 
     def update(self, failed: Tensor) -> None:
-        """failed: [N, K] bool, every sample scored this step."""
+        """failed: [N, K] bool, every sample scored this step on every rank (gathered), so that all ranks stop at the
+        same step: the error is `agreed`, and the loop checkpoints the last completed step on every rank."""
         for k, every in enumerate(failed.all(0).tolist() if len(failed) else [False] * len(self.names)):
             self.counts[k] = self.counts[k] + 1 if every else 0
             if self.limit > 0 and self.counts[k] >= self.limit:
-                raise RewardError(
+                error = RewardError(
                     f"reward channel {self.names[k]!r} failed on every sample for {self.counts[k]} steps in a row, so "
                     "rewards.on_error=drop left nothing to train on; run with rewards.on_error=raise to see its "
                     f"error, or raise rewards.max_failed_steps (now {self.limit}; 0: never stop)"
                 )
+                error.agreed = True
+                raise error
 
 
 def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
