@@ -261,6 +261,26 @@ def test_deepspeed_trains_adapters_and_resumes(stage, tmp_path):
     assert ds_bytes <= 5 * adapter_bytes and ds_bytes <= 0.1 * model_bytes, (ds_bytes, adapter_bytes, model_bytes)
 
 
+def test_export_of_a_deepspeed_bf16_run_merges_the_float32_masters(tmp_path):
+    """policy/ holds bf16-rounded adapters; DeepSpeed's files hold them in float32: the merge takes those."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    overrides = [*LORA, *WIDE, "deepspeed=zero2", "model.dtype=bfloat16", "trainer.max_steps=1"]
+    train_run(tmp_path / "run", *overrides)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    masters = {k.removeprefix("policy.base_model.model."): v.float()
+               for k, v in get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="deepspeed").items()}
+    merged = merged_policy(checkpoint, compose_config(*overrides).model).state_dict()
+    base = load_causal_lm(resolve_model_path(compose_config(*WIDE).model), compose_config().model, CPU)
+    name = "model.layers.0.self_attn.q_proj"
+    delta = merged[f"{name}.weight"] - base.state_dict()[f"{name}.weight"]  # [out, in]
+    B, A = masters[f"{name}.lora_B.default.weight"], masters[f"{name}.lora_A.default.weight"]  # [out, r], [r, in]
+    scale = 4 / 2  # alpha / r
+    exact = B @ A * scale
+    rounded = B.to(torch.bfloat16).float() @ A.to(torch.bfloat16).float() * scale  # policy/'s adapters
+    assert (delta - exact).abs().max() < 1e-6 < (delta - rounded).abs().max()
+
+
 def test_ppo_value_head_trains_beside_the_adapters(tmp_path):
     train_run(tmp_path / "run", *LORA, "algo=ppo", "algo.critic=head", "trainer.max_steps=1")
     checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
