@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig, UserError
-from mrl.engine import DS_TAG, OPTIMIZER_FILE, Trainable
+from mrl.engine import Trainable
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.precision import MASTER, cast_state, compute_in, precision_for
 
@@ -158,33 +158,21 @@ def adapter_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
     return {re.sub(r"\.(lora_[AB])\.", r".\1.default.", k): v for k, v in load_peft_weights(str(policy_dir)).items()}
 
 
-def adapter_masters(checkpoint: Path, cfg: ModelConfig) -> dict[str, torch.Tensor] | None:
-    """The trained weights' float32 masters (keyed as the Actor's parameters) when model.dtype rounded policy/:
-    DeepSpeed's (its bf16/fp16 mode keeps them in its own files) or optimizer.pt's; None when policy/ is exact."""
-    if cfg.dtype == "float32":
-        return None
-    if (checkpoint / DS_TAG).is_dir():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=DS_TAG)
-    if (checkpoint / OPTIMIZER_FILE).exists():
-        return torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"]
-    return None
-
-
 def merged_policy(checkpoint: Path, cfg: ModelConfig) -> nn.Module:
     """A LoRA checkpoint's policy as a plain transformers model, float32, on CPU: the base at model.name_or_path with
-    the adapters merged in (their float32 masters where model.dtype rounded policy/, with or without DeepSpeed)."""
+    the adapters merged in at full precision (their float32 masters where model.dtype rounded policy/, with or
+    without DeepSpeed: mrl.checkpoint.trained_weights)."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from mrl.checkpoint import trained_weights  # mrl.checkpoint imports this module
+
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg), dtype=MASTER)
     policy = PeftModel.from_pretrained(base, str(checkpoint / "policy"), torch_device="cpu")
-    masters = adapter_masters(checkpoint, cfg)
-    if masters is not None:
-        adapters = {k.removeprefix("policy."): v.float() for k, v in masters.items() if k.startswith("policy.")}
-        unexpected = policy.load_state_dict(adapters, strict=False).unexpected_keys
-        assert not unexpected, f"masters in {checkpoint} that the adapters lack: {unexpected[:3]}"
+    adapters = {k.removeprefix("policy."): v.float() for k, v in trained_weights(checkpoint).items()
+                if k.startswith("policy.")}
+    unexpected = policy.load_state_dict(adapters, strict=False).unexpected_keys
+    assert not unexpected, f"trained weights in {checkpoint} that the adapters lack: {unexpected[:3]}"
     return policy.merge_and_unload()
 
 
