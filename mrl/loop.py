@@ -306,11 +306,11 @@ class Collected:
     shaping_stats: dict[str, float]
     num_live: int  # live groups found (dynamic sampling), or B' (over all ranks)
     skip_update: bool  # dynamic sampling found no live group: no optimizer step
-    rows: int = -1  # batch rows that are this rank's groups (B'*G); rows after them are lockstep padding
 
-    def __post_init__(self):
-        if self.rows < 0:
-            self.rows = len(self.batch.episodes)
+    @property
+    def rows(self) -> int:
+        """Batch rows that are this rank's groups (B'*G); rows after them are lockstep padding."""
+        return self.keep.numel()
 
 
 def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], ContextManager], tokenizer, reward_set,
@@ -358,9 +358,8 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
              else rounds[0] if skip_update else rounds[0].select_groups(torch.zeros(0, dtype=torch.long)))
     shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
     keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
-    rows = len(batch.episodes)
     batch = lockstep_batch(batch, rounds[0], tokenizer.pad_token_id)
-    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update, rows)
+    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
 
 
 def lockstep_batch(batch: Rollouts, filler: Rollouts, pad_id: int) -> Rollouts:
@@ -425,9 +424,9 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
             mini_mask = loss_mask[mini.to(loss_mask.device)]
             # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
             # then the gradient of the global mini-batch (mrl.distributed.per_rank_denominator).
-            denom = dist.per_rank_denominator((mini_mask.sum() if algo.loss_agg == "token_mean"
-                                               else (mini_mask.sum(-1) > 0).sum()).item())
             tokens = dist.per_rank_denominator(mini_mask.sum().item())
+            denom = tokens if algo.loss_agg == "token_mean" else \
+                dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
             micros = mini.split(trainer.micro_batch_size)
             for i, rows in enumerate(micros):
                 rows_d = rows.to(loss_mask.device)
