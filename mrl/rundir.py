@@ -33,6 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from mrl import distributed as dist
 from mrl.config import UserError
 
 CHECKPOINTS = "checkpoints"
@@ -277,7 +278,7 @@ def run_identity(cfg) -> dict[str, Any]:
     return {
         "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage), "algo.critic": plain(cfg.algo.critic),
         "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels),
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),  # mrl.distributed.world_size, without torch
+        "world_size": dist.world_size(),
     }
 
 
@@ -342,8 +343,6 @@ class RunDirGuard(Callback):
         self.lock: RunDirLock | None = None
 
     def on_run_start(self, config, **kwargs) -> None:
-        from mrl import distributed as dist
-
         if not dist.is_main():  # rank 0 locked and checked the run dir it gave this rank (mrl.cli)
             return
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))  # ${now:} is cached: Hydra gets the same dir

@@ -68,12 +68,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from mrl.config import UserError
+from mrl.config import Sandbox, UserError
 
 __all__ = ["SandboxLimits", "TestOutcome", "SandboxResult", "SandboxUnavailable", "run_tests", "run_tests_many",
            "check_sandbox", "SANDBOXES", "SAFE_FUNCS", "RUNNER"]
 
-SANDBOXES = ("bwrap", "process")
+SANDBOXES = tuple(s.value for s in Sandbox)
 FILE_SIZE_LIMIT = 1 << 20  # RLIMIT_FSIZE for files the code writes inside its directory
 OPEN_FILES_LIMIT = 16  # RLIMIT_NOFILE
 TMPFS_BYTES = 32 << 20  # size of the bwrap sandbox's private /tmp
