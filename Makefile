@@ -75,7 +75,7 @@ bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a
 dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ranks (ZeRO-2, gloo), timed; then the 2-rank tests
 	OUT=outputs/dp-check PYTHON=$(BIN)/python scripts/dp_cpu_check.sh
 
-bench-lora: $(STAMP) ## LoRA vs full fine-tune, one step with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
+bench-lora: $(STAMP) ## LoRA vs full fine-tune, two steps with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
 	$(BIN)/python scripts/bench_lora.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff

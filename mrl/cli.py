@@ -17,20 +17,10 @@ from typing import List, Optional
 
 import typer
 
+from mrl.distributed import exit_with_error  # imports no torch: the CLI starts fast
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-reward RL for LLM agents: PPO, GRPO, DAPO and GDPO in one transparent loop.")
-
-
-def _fail(message: str, code: int = 2, every_rank: bool = False) -> None:
-    """Print one line and exit.  Under a launcher only rank 0 prints an error that every rank meets alike (a config
-    error, an agreed stop); `every_rank` for one that a rank may meet alone (a reward channel failing on its rows)."""
-    from mrl import distributed as dist
-
-    if dist.is_main():
-        print(f"mrl: error: {message}", file=sys.stderr)
-    elif every_rank:
-        print(f"mrl: error: [rank {dist.rank()}] {message}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 def strip_launcher_args(args: list[str]) -> list[str]:
@@ -65,7 +55,7 @@ def hydra_train() -> None:
             raise UserError(f"-m/--multirun under a launcher (WORLD_SIZE={dist.world_size()}) is not supported: "
                             "launch each job of the sweep on its own (one torchrun/deepspeed command per job)")
     except UserError as err:
-        _fail(str(err))
+        exit_with_error(str(err))
     if dist.world_size() > 1:
         dist.init()
         if not dist.is_main():
@@ -85,13 +75,13 @@ def hydra_train() -> None:
         try:
             train(cfg, run_dir)
         except UserError as err:
-            _fail(str(err))
+            exit_with_error(str(err))
         except RewardError as err:
-            _fail(f"{err}\n(run dir: {run_dir})", code=1, every_rank=True)
+            exit_with_error(f"{err}\n(run dir: {run_dir})", code=1, every_rank=True)
         except CheckpointError as err:  # a full disk: the previous checkpoint is intact
-            _fail(str(err), code=1)
+            exit_with_error(str(err), code=1)
         except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
-            _fail(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
+            exit_with_error(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
         if dist.is_main():
             print(f"mrl: run dir {run_dir}")
 
@@ -128,7 +118,7 @@ def report(
     try:
         png, table = make_report(run_dirs, out, last, smooth)
     except ReportError as err:
-        _fail(str(err))
+        exit_with_error(str(err))
     print(table)
     print(f"\nplot: {png}\ntable: {png.with_suffix('.md')}")
 
@@ -147,7 +137,7 @@ def evaluate(
     try:
         report = run_eval(run_dir, prompts, samples)
     except UserError as err:
-        _fail(str(err))
+        exit_with_error(str(err))
     print(format_table(report))
     print(f"\njson: {run_dir / EVAL_FILE}")
 
@@ -166,7 +156,7 @@ def export_cmd(
     try:
         path, what = export(run_dir, out, merge)
     except UserError as err:
-        _fail(str(err))
+        exit_with_error(str(err))
     print(f"mrl: wrote {what} to {path}")
 
 

@@ -199,11 +199,12 @@ def per_rank_denominator(count: float) -> float:
 
 
 def mean_over_ranks(values: dict[str, float], weight: float = 1.0) -> dict[str, float]:
-    """The `weight`-weighted mean of each value over ranks (every rank passes the same keys)."""
-    parts = gather_objects((values, float(weight)))
+    """The `weight`-weighted mean of each value over ranks (every rank passes the same keys; a rank of weight 0, whose
+    values may be NaN, means of nothing, is left out)."""
+    parts = [(v, w) for v, w in gather_objects((values, float(weight))) if w]
     total = sum(w for _, w in parts)
-    if len(parts) == 1 or total == 0:
-        return dict(values)
+    if len(parts) <= 1 or total == 0:
+        return dict(parts[0][0] if parts else values)
     return {k: sum(v[k] * w for v, w in parts) / total for k in values}
 
 
@@ -257,6 +258,19 @@ def local_rows(x, like):
 
 
 # ---- rank 0's sinks --------------------------------------------------------------------------------------------
+
+def exit_with_error(message: str, code: int = 2, every_rank: bool = False) -> None:
+    """Print `mrl: error: <message>` (one line) and exit with `code`.  Under a launcher only rank 0 prints an error
+    that every rank meets alike (a config error, an agreed stop); `every_rank` for one that a rank may meet alone (a
+    reward channel failing on its rows), prefixed with the rank."""
+    import sys
+
+    if is_main():
+        print(f"mrl: error: {message}", file=sys.stderr)
+    elif every_rank:
+        print(f"mrl: error: [rank {rank()}] {message}", file=sys.stderr)
+    raise SystemExit(code)
+
 
 class Nothing:
     """What ranks > 0 hold instead of a sink (metrics file, progress bar): every method call does nothing."""

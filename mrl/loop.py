@@ -38,7 +38,6 @@ from typing import Any, Callable, ContextManager
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
@@ -46,7 +45,6 @@ from mrl import distributed as dist
 from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, first_live
 from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
-from mrl.config import UserError
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
 from mrl.lora import BaseReference, load_policy, uses_lora
@@ -57,7 +55,7 @@ from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling, poli
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
-from mrl.validation import validate
+from mrl.validation import check_device, validate
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -98,8 +96,8 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
         torch.cuda.reset_peak_memory_stats(device)
     collected = collect(cfg, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,  # 1. rollouts
                         run.state)
-    # Stop rather than train on nothing (over every rank's samples: the ranks stop together).
-    run.failing.update(dist.gather_rows(torch.cat([r.failed for r in collected.rounds])))
+    failed = dist.gather_rows(torch.cat([r.failed for r in collected.rounds]))  # [every rollout generated, K]
+    run.failing.update(failed)  # stop rather than train on nothing (decided on every rank's samples: all stop)
     rollout_s = time.perf_counter() - step_start
     update_start = time.perf_counter()
     batch = collected.batch
@@ -109,8 +107,9 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
             run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
             policy=not single_update(cfg))
     kl_penalty = reward_kl_penalty(algo, old_logprobs, ref_logprobs, mask)  # [N, T] | None
+    every = gather_step(collected, mask, kl_penalty, failed)  # every rank's rows, for the batch statistics
     advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
-        run.estimator, collected, run.reward_set.weights, mask, old_values, kl_penalty, algo)
+        run.estimator, every, run.reward_set.weights, mask, old_values, algo)
     # Dropped rollouts and lockstep padding rows never enter a loss.
     keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
     loss_mask = mask * keep.reshape(-1, 1).to(device)
@@ -124,8 +123,7 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     update_s = time.perf_counter() - update_start
 
     run.state["step"] = step  # 5. log and checkpoint
-    metrics = step_metrics(step, collected, run.reward_set, run.estimator, algo, advantages, mask, loss_mask,
-                           kl_penalty)
+    metrics = step_metrics(step, collected, every, run.reward_set, run.estimator, algo, advantages, loss_mask)
     metrics.update(update_metrics(sums, mini_batches))
     generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
     metrics.update({  # times are rank 0's; memory is the largest rank's
@@ -369,35 +367,41 @@ def lockstep_batch(batch: Rollouts, filler: Rollouts, pad_id: int) -> Rollouts:
     gathers at each layer's forward, and at each chunk of the output layer, whose count grows with N x T)."""
     n, width = len(batch.episodes), batch.completion_ids.shape[1]
     rows, cols = int(dist.max_over_ranks(n)), int(dist.max_over_ranks(width))
-    if (rows, cols) == (n, width):
-        return batch
-    if rows > n:
-        extra = (batch if n else filler).take(torch.zeros(rows - n, dtype=torch.long))
-        batch = Rollouts.concat([batch, extra], pad_id) if n else extra
-    grow = cols - batch.completion_ids.shape[1]
-    if grow:
-        batch = replace(batch, completion_ids=F.pad(batch.completion_ids, (0, grow), value=pad_id),
-                        completion_mask=F.pad(batch.completion_mask, (0, grow)),
-                        completion_attention=F.pad(batch.completion_attention, (0, grow)))
-    return batch
+    padding = [(batch if n else filler).take(torch.zeros(rows - n, dtype=torch.long))] if rows > n else []
+    return Rollouts.concat([batch, *padding], pad_id, min_width=cols)
 
 
-def global_advantages(estimator, collected: Collected, weights: Tensor, mask: Tensor, values: Tensor | None,
-                      kl_penalty: Tensor | None, algo) -> tuple[Tensor, Tensor | None]:
-    """Phase 3: the estimator on every rank's rows (GDPO's batch normalization and PPO's whitening are statistics
-    of the global batch), then this rank's rows.  mask, values, kl_penalty: [N, T] with this rank's padding rows
-    (their advantages are 0) -> (advantages [N, T], returns [N, T] or None)."""
-    mine = mask[:collected.rows]  # [B'*G, T]
+@dataclass
+class EveryRank:
+    """The step's rows on every rank (gathered once; on one process, this rank's), lockstep padding left out: what
+    the batch statistics are computed on, the advantages' (GDPO's batch normalization, PPO's whitening) and the
+    logged metrics'."""
 
-    def gathered(x: Tensor | None) -> Tensor | None:
-        return None if x is None else dist.gather_rows(x[:collected.rows])
+    rows: int  # this rank's own rows (B'*G); the batch's rows after them are lockstep padding
+    shaped: Tensor  # [B'', G, K] rewards after conditions and vetoes
+    mask: Tensor  # [N'', T] completion mask
+    kl_penalty: Tensor | None  # [N'', T] PPO's per-token KL penalty
+    failed: Tensor  # [every rollout generated this step, K] bool: a channel failed on it
 
-    advantages, returns = estimator.token_advantages(
-        dist.gather_rows(collected.shaped).to(mask.device), weights.to(mask.device), gathered(mask),
-        gathered(values), gathered(kl_penalty), algo)
+    def gather(self, x: Tensor | None) -> Tensor | None:
+        """Every rank's own rows of a per-row tensor of the batch (lockstep padding left out)."""
+        return None if x is None else dist.gather_rows(x[:self.rows])
+
+
+def gather_step(collected: Collected, mask: Tensor, kl_penalty: Tensor | None, failed: Tensor) -> EveryRank:
+    every = EveryRank(collected.rows, dist.gather_rows(collected.shaped), mask, kl_penalty, failed)
+    return replace(every, mask=every.gather(mask), kl_penalty=every.gather(kl_penalty))
+
+
+def global_advantages(estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
+                      algo) -> tuple[Tensor, Tensor | None]:
+    """Phase 3: the estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's
+    padding rows -> (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
+    advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
+                                                     every.mask, every.gather(values), every.kl_penalty, algo)
 
     def local(x: Tensor | None) -> Tensor | None:
-        return None if x is None else dist.pad_to(dist.local_rows(x, mine), mask.shape)
+        return None if x is None else dist.pad_to(dist.local_rows(x, mask[:every.rows]), mask.shape)
 
     return local(advantages), local(returns)
 
@@ -468,21 +472,19 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
     return sums, mini_batches
 
 
-def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, advantages: Tensor, mask: Tensor,
-                 loss_mask: Tensor, kl_penalty: Tensor | None) -> dict[str, Any]:
+def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, estimator, algo,
+                 advantages: Tensor, loss_mask: Tensor) -> dict[str, Any]:
     """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller),
     over every rank's rollouts (gathered; lockstep padding rows left out)."""
     G, K = collected.batch.group_size, len(reward_set.names)
     weights, task_channels = reward_set.weights, reward_set.task_channels
     all_rewards = dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K))  # [rounds*B,G,K]
-    shaped = dist.gather_rows(collected.shaped)  # [B', G, K]
-    mine = slice(0, collected.rows)
-    advantages, mask, loss_mask = (dist.gather_rows(x[mine]) for x in (advantages, mask, loss_mask))  # [N, T]
-    kl_penalty = dist.gather_rows(kl_penalty[mine]) if kl_penalty is not None else None
+    shaped, mask = every.shaped, every.mask  # [B', G, K], [N, T]
+    advantages, loss_mask = every.gather(advantages), every.gather(loss_mask)  # [N, T]
     metrics: dict[str, Any] = {"step": step}
     metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
-    if kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
-        metrics["reward/kl_penalty/mean"] = -kl_penalty.sum(-1).mean().item()
+    if every.kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
+        metrics["reward/kl_penalty/mean"] = -every.kl_penalty.sum(-1).mean().item()
     sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
     sequence_adv = sequence_adv.view(shaped.shape[:2]).cpu()  # [B', G]
     shares = advantage_shares(estimator.contributions(shaped, weights, algo.adv_eps), sequence_adv)
@@ -491,8 +493,7 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
-        "rewards/failed_frac": dist.gather_rows(torch.cat([r.failed for r in collected.rounds])).any(-1).float()
-        .mean().item(),
+        "rewards/failed_frac": every.failed.any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
                              else dead_groups(shaped[..., task_channels]).float().mean().item()),
         "dapo/skipped_update": float(collected.skip_update),
@@ -500,8 +501,8 @@ def step_metrics(step: int, collected: Collected, reward_set, estimator, algo, a
         "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
         "dapo/live_groups": collected.num_live,
     })
-    batch_rewards = dist.gather_rows(collected.batch.rewards[mine]).view(-1, G, K)
-    metrics.update(collected.shaping_stats if dist.world_size() == 1 else reward_set.shape(batch_rewards)[2])
+    # The shaping statistics are fractions of the batch's rollouts: their row-weighted mean over ranks is the whole.
+    metrics.update(dist.mean_over_ranks(collected.shaping_stats, weight=collected.rows))
     return metrics
 
 
@@ -593,10 +594,9 @@ def seed_everything(seed: int) -> None:
 
 
 def pick_device(name: str) -> torch.device:
+    check_device(name)  # `mrl eval` of a GPU run on a machine without one: the same one line as train's
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and dist.world_size() > 1:  # one GPU per rank on its node
         name = f"cuda:{dist.local_rank()}"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
     return torch.device(name)

@@ -62,12 +62,13 @@ class Rollouts:
         return self.take(rows)
 
     @staticmethod
-    def concat(parts: list["Rollouts"], pad_id: int) -> "Rollouts":
-        """Stack rollouts from several generation rounds, re-padding prompts on the left, completions on the right."""
-        if len(parts) == 1:
+    def concat(parts: list["Rollouts"], pad_id: int, min_width: int = 0) -> "Rollouts":
+        """Stack rollouts from several generation rounds, re-padding prompts on the left, completions on the right
+        (to at least `min_width` tokens)."""
+        completion_len = max(min_width, *(p.completion_ids.shape[1] for p in parts))
+        if len(parts) == 1 and parts[0].completion_ids.shape[1] == completion_len:
             return parts[0]
         prompt_len = max(p.prompt_ids.shape[1] for p in parts)
-        completion_len = max(p.completion_ids.shape[1] for p in parts)
 
         def left(x: Tensor, value: int) -> Tensor:
             return F.pad(x, (prompt_len - x.shape[1], 0), value=value)

@@ -190,24 +190,25 @@ def step_of(checkpoint: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _named_by_latest(run_dir: Path) -> Path | None:
+    """The checkpoint dir `checkpoints/latest` names (it may be missing), or None without the pointer."""
+    pointer = run_dir / CHECKPOINTS / LATEST
+    return run_dir / CHECKPOINTS / pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint `checkpoints/latest` names, if it is there (not verified: see `resolve_resume`)."""
-    pointer = run_dir / CHECKPOINTS / LATEST
-    if not pointer.exists():
-        return None
-    path = run_dir / CHECKPOINTS / pointer.read_text(errors="replace").strip()
-    return path if (path / STATE_FILE).exists() else None
+    path = _named_by_latest(run_dir)
+    return path if path is not None and (path / STATE_FILE).exists() else None
 
 
 def checkpoint_candidates(run_dir: Path) -> list[Path]:
     """The checkpoints a resume may use, newest first: the one `latest` names, then the older ones.  Checkpoints newer
     than `latest` belong to a trajectory that a resume from an earlier step abandoned; temp dirs (.step_*) are partial
     writes."""
-    root = run_dir / CHECKPOINTS
-    saved = sorted((p for p in root.glob("step_*") if p.is_dir() and step_of(p) is not None), key=step_of,
-                   reverse=True)
-    pointer = root / LATEST
-    named = root / pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+    saved = sorted((p for p in (run_dir / CHECKPOINTS).glob("step_*") if p.is_dir() and step_of(p) is not None),
+                   key=step_of, reverse=True)
+    named = _named_by_latest(run_dir)
     newest = step_of(named) if named is not None else None
     if newest is None:
         return saved
@@ -367,8 +368,7 @@ class RunDirGuard(Callback):
                 check()
                 self.lock = RunDirLock(directory).acquire()
         except UserError as err:
-            print(f"mrl: error: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
+            dist.exit_with_error(str(err))
 
 
 # ---- SIGTERM and SIGINT ----------------------------------------------------------------------------------------

@@ -778,11 +778,15 @@ def _bwrap_base() -> tuple[str, ...]:
     return tuple(args)
 
 
-@functools.lru_cache(maxsize=None)
 def check_sandbox(sandbox: str = "bwrap") -> None:
-    """Raise SandboxUnavailable (one line: why, and the fix) unless `sandbox` can run a program here; cached."""
-    if sandbox not in SANDBOXES:
-        raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
+    """Raise SandboxUnavailable (one line: why, and the fix) unless `sandbox` (a name, or the config's enum) can run
+    a program here; ValueError for an unknown name."""
+    _check_runs(_sandbox_name(sandbox))
+
+
+@functools.lru_cache(maxsize=None)
+def _check_runs(sandbox: str) -> None:
+    """check_sandbox's test of a valid name; cached, so that a run pays for it once."""
     if sandbox == "process":
         return
     _bwrap_base()
@@ -922,13 +926,13 @@ def run_tests(code: str, tests: list, limits: SandboxLimits = SandboxLimits(),
     """
     _validate(code, tests, limits)
     sandbox = _sandbox_name(sandbox)
-    check_sandbox(sandbox)
+    _check_runs(sandbox)
     return _run(code, list(tests), limits, sandbox)
 
 
 def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxResult:
     parsed = [_parse_test(t) for t in tests]
-    probe_slices, sources, stdins = [], [], []
+    probe_slices, io_indices, sources, stdins = [], [], [], []  # per test: its probes, its stdin's index
     for p in parsed:
         start = len(sources)
         if isinstance(p, _Expr):
@@ -936,6 +940,7 @@ def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> Sandbox
         elif isinstance(p, _IO):
             stdins.append(p.stdin)
         probe_slices.append(slice(start, len(sources)))
+        io_indices.append(len(stdins) - 1 if isinstance(p, _IO) else None)
     load = any(isinstance(p, _Expr) for p in parsed) or not stdins
     cpu = max(1, math.ceil(limits.cpu_seconds))
     payload = marshal.dumps({"code": code, "probes": sources, "io": stdins, "load": load, "limits": {
@@ -1008,7 +1013,7 @@ def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> Sandbox
             status = "crashed"
 
     outcomes = []
-    for p, probe_slice, io_index in zip(parsed, probe_slices, _io_indices(parsed)):
+    for p, probe_slice, io_index in zip(parsed, probe_slices, io_indices):
         if isinstance(p, _Bad):
             outcomes.append(TestOutcome(False, p.error))
         elif status == "syntax_error":
@@ -1029,14 +1034,6 @@ def _run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> Sandbox
                          stderr=raw_err.decode("utf-8", "replace"), returncode=rc)
 
 
-def _io_indices(parsed: list) -> list[int | None]:
-    indices, j = [], 0
-    for p in parsed:
-        indices.append(j if isinstance(p, _IO) else None)
-        j += isinstance(p, _IO)
-    return indices
-
-
 def run_tests_many(items: list[tuple[str, list]], limits: SandboxLimits = SandboxLimits(),
                    max_workers: int = 2, sandbox: str = "bwrap") -> list[SandboxResult]:
     """`run_tests` for each (code, tests) item, each in its own sandbox, `max_workers` at a time; results in order."""
@@ -1051,6 +1048,6 @@ def run_tests_many(items: list[tuple[str, list]], limits: SandboxLimits = Sandbo
     sandbox = _sandbox_name(sandbox)
     if not items:
         return []
-    check_sandbox(sandbox)  # once, here, rather than in each thread
+    _check_runs(sandbox)  # once, here, rather than in each thread
     with ThreadPoolExecutor(max_workers=min(max_workers, len(items)), thread_name_prefix="mrl-sandbox") as pool:
         return list(pool.map(lambda item: _run(item[0], list(item[1]), limits, sandbox), items))

@@ -11,7 +11,6 @@ what is allowed, and the fix.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from mrl.config import UserError
+from mrl.distributed import exit_with_error
 
 # Plain-string keys with a fixed set of values (the Enum-typed keys are checked by the schema): key -> (choices, fix).
 CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -148,14 +148,15 @@ def validate(cfg: DictConfig) -> None:
     if a.overlong_buffer >= t.max_new_tokens:
         raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
                         f"{t.max_new_tokens}: the penalty rises over the last overlong_buffer tokens of the budget")
-    _check_device(t.device)
+    check_device(t.device)
     _check_ranks(cfg)
     configured_channels(cfg.rewards, a)
     _check_inputs(cfg)
     _check_lora(cfg)
 
 
-def _check_device(name: str) -> None:
+def check_device(name: str) -> None:
+    """`trainer.device` names a device torch knows, and a CUDA one only where CUDA is visible."""
     import torch
 
     try:
@@ -291,11 +292,6 @@ def config_dirs_in(args: list[str]) -> list[str]:
     return dirs
 
 
-def _refuse(err: UserError, job: str = "") -> None:
-    print(f"mrl: error: {job}{err}", file=sys.stderr)
-    raise SystemExit(2)
-
-
 class Preflight(Callback):
     """Hydra callback (conf/train.yaml: hydra.callbacks): validate before Hydra creates a run dir or writes .hydra/.
 
@@ -305,7 +301,7 @@ class Preflight(Callback):
         try:
             validate(config)
         except UserError as err:
-            _refuse(err)
+            exit_with_error(str(err))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every job of the sweep as the basic sweeper will and validate each, before the sweep dir exists.
@@ -334,7 +330,7 @@ class Preflight(Callback):
                 try:
                     check(job_cfg)
                 except UserError as err:
-                    _refuse(err, f"job #{num} ({' '.join(job)}): ")
+                    exit_with_error(f"job #{num} ({' '.join(job)}): {err}")
 
 
 def _check_job(job_cfg: DictConfig) -> None:

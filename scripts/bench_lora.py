@@ -87,7 +87,8 @@ def main() -> None:
                         help="default: smollm2 when `make smollm2` built it, else tiny")
     parser.add_argument("--model-path", default=None, help="SmolLM2's directory (default: models/smollm2-...)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[16])
-    parser.add_argument("--steps", type=int, default=1, help="1 holds every phase: generation, scoring, update")
+    parser.add_argument("--steps", type=int, default=2, help="2: the second step holds every phase with the "
+                        "optimizer state the first created (the peak of a longer run; one step alone misses it)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("outputs/bench-lora"))
     parser.add_argument("extra", nargs="*", help="overrides for every run, after --")

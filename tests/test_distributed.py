@@ -96,6 +96,15 @@ def test_single_process_collectives_are_identities():
     assert isinstance(dist.on_main(lambda: "sink"), str)
 
 
+def test_mean_over_ranks_weights_each_rank_by_its_rows_and_leaves_out_a_rank_with_none(monkeypatch):
+    # Rank 0 holds 3 rollouts, a third of them violating; rank 1 one rollout, violating: (1 + 1) / 4 = 0.5.
+    monkeypatch.setattr(dist, "gather_objects", lambda obj: [({"v": 1 / 3}, 3.0), ({"v": 1.0}, 1.0)])
+    assert dist.mean_over_ranks({"v": 1 / 3}, weight=3)["v"] == pytest.approx(0.5)
+    # A rank without rows this step (no live group) holds NaN fractions, means of nothing: left out, not NaN.
+    monkeypatch.setattr(dist, "gather_objects", lambda obj: [({"v": 0.25}, 4.0), ({"v": float("nan")}, 0.0)])
+    assert dist.mean_over_ranks({"v": 0.25}, weight=4) == {"v": 0.25}
+
+
 def test_ranks_above_zero_hold_no_sink(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     sink = dist.on_main(lambda: pytest.fail("rank 1 built a sink"))

@@ -128,6 +128,30 @@ def test_concat_single_part_is_itself():
     assert Rollouts.concat([r], pad_id=PAD) is r
 
 
+def test_concat_pads_completions_to_min_width():
+    # another rank's completions are 3 wide: a's 2 columns grow by one of padding (mask 0), its prompt is unchanged
+    a = rollouts([[5, 6]], [[1, 1]], [[7, EOS]], [[1, 1]], episodes=dummy_episodes(1, 0))
+    c = Rollouts.concat([a], pad_id=PAD, min_width=3)
+    assert c.completion_ids.tolist() == [[7, EOS, PAD]] and c.completion_mask.tolist() == [[1, 1, 0]]
+    assert c.completion_attention.tolist() == [[1, 1, 0]] and c.prompt_ids.tolist() == [[5, 6]]
+    assert Rollouts.concat([a], pad_id=PAD, min_width=1) is a
+
+
+def test_lockstep_batch_grows_to_the_largest_ranks_rows_and_width(monkeypatch):
+    from mrl import distributed as dist
+    from mrl.loop import lockstep_batch
+
+    # This rank holds 2 rollouts 1 token wide; the largest rank holds 3 rows 2 tokens wide.
+    monkeypatch.setattr(dist, "max_over_ranks", lambda value: {2: 3, 1: 2}[value])
+    mine = six_rollouts().take(torch.tensor([4, 5]))
+    grown = lockstep_batch(mine, six_rollouts(), PAD)
+    assert grown.completion_ids.tolist() == [[14, PAD], [15, PAD], [14, PAD]]  # a copy of row 0 fills row 2
+    assert grown.completion_mask.tolist() == [[1, 0], [1, 0], [1, 0]]  # the loop zeroes the filler's loss mask
+    empty = six_rollouts().select_groups(torch.tensor([], dtype=torch.long))  # no live group on this rank
+    monkeypatch.setattr(dist, "max_over_ranks", lambda value: {0: 3, 1: 1}[value])
+    assert lockstep_batch(empty, six_rollouts(), PAD).completion_ids.tolist() == [[10], [10], [10]]
+
+
 def test_position_ids():
     assert position_ids(torch.tensor([[0, 0, 1, 1, 1]])).tolist() == [[0, 0, 0, 1, 2]]
     assert position_ids(torch.tensor([[1, 1, 1], [0, 1, 1]])).tolist() == [[0, 1, 2], [0, 0, 1]]

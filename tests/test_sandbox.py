@@ -314,7 +314,7 @@ def test_missing_bwrap_refuses_in_one_line(monkeypatch):
 
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
     sandbox._bwrap_base.cache_clear()
-    sandbox.check_sandbox.cache_clear()
+    sandbox._check_runs.cache_clear()
     try:
         with pytest.raises(sandbox.SandboxUnavailable) as err:
             run_tests(ADD3, ["f(1) == 4"], LIMITS)
@@ -323,4 +323,4 @@ def test_missing_bwrap_refuses_in_one_line(monkeypatch):
         assert run_tests(ADD3, ["f(1) == 4"], LIMITS, sandbox="process").pass_rate == 1.0
     finally:
         sandbox._bwrap_base.cache_clear()
-        sandbox.check_sandbox.cache_clear()
+        sandbox._check_runs.cache_clear()

@@ -57,7 +57,7 @@ class _SandboxChannel:
     def __init__(self, cpu_seconds: float = 1.0, wall_seconds: float = 3.0, memory_mb: int = 256, workers: int = 2,
                  sandbox: str = "bwrap"):
         sandbox = str(getattr(sandbox, "value", sandbox))  # rewards.sandbox arrives as the config's enum
-        check_sandbox(sandbox)
+        check_sandbox(sandbox)  # at the channel's construction: a run without bwrap stops before it starts
         self.runs = _runs(cpu_seconds, wall_seconds, memory_mb, workers, sandbox)
 
 
