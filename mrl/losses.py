@@ -99,6 +99,78 @@ def token_logprobs(head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Te
     return logprobs, torch.cat([e for _, e in scored]).view(N, T) if with_entropy else None
 
 
+def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
+                          entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """token_logprobs for an output layer that is a plain linear map (logits = hidden @ weight.T), with its gradient
+    written by hand: hidden [N, T, H], weight [V, H], targets [N, T] -> (log-probs [N, T] in float32, entropy [N, T]
+    (no gradient) or None).
+
+    Memory: the forward keeps the inputs and one log-normalizer per position; the backward recomputes each chunk's
+    logits and adds its share of the weight's gradient into one [V, H] buffer in place.  Autograd through
+    token_logprobs' checkpointed chunks holds two [V, H] gradients at once (the running sum and the chunk's) and the
+    softmax's intermediates besides.  At a 152k vocabulary, hidden 896, 16 x 128 positions (scripts/bench_head.py,
+    CPU): 856 MB above the inputs (545 of them the weight's gradient itself) instead of 1705 MB, in 0.71x the time.
+    The output layer runs twice either way (forward, and recomputed in the backward).  The same math, to float
+    rounding (tests/test_losses.py).
+    """
+    N, T, H = hidden.shape
+    logprobs, entropies = _LinearLogprobs.apply(hidden.reshape(N * T, H), weight, targets.reshape(N * T),
+                                                temperature, max(1, LOGIT_CHUNK // weight.shape[0]), entropy)
+    return logprobs.view(N, T), entropies.view(N, T) if entropy else None
+
+
+class _LinearLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ weight.T / temperature)[targets], `rows` positions at a time.  hidden [M, H] (the
+    compute dtype), weight [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
+
+    d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the recomputed logits and the saved
+    log-normalizer.  Matmuls run in hidden's dtype (bf16 under autocast, as the model's own output layer would), the
+    softmax and the weight's gradient in float32 (float64 for float64 inputs)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool):
+        w, wide = weight.to(hidden.dtype), _softmax_dtype(hidden)
+        logprobs = torch.empty(len(hidden), dtype=wide, device=hidden.device)  # [M]
+        log_norm = torch.empty_like(logprobs)  # [M]
+        entropies = torch.empty_like(logprobs) if entropy else logprobs.new_empty(0)
+        for start in range(0, len(hidden), rows):
+            span = slice(start, start + rows)
+            logits = (hidden[span] @ w.t()).to(wide).div_(temperature)  # [c, V], in place: a fresh tensor
+            log_norm[span] = torch.logsumexp(logits, -1)
+            logprobs[span] = logits.gather(1, targets[span, None]).squeeze(1) - log_norm[span]
+            if entropy:  # H = log Z - sum_v p_v * logit_v
+                entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, log_norm)
+        ctx.temperature, ctx.rows = temperature, rows
+        ctx.mark_non_differentiable(entropies)
+        return logprobs, entropies
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropies):
+        hidden, weight, targets, log_norm = ctx.saved_tensors
+        want_hidden, want_weight = ctx.needs_input_grad[:2]
+        w, wide = weight.to(hidden.dtype), _softmax_dtype(hidden)
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device) if want_weight else None
+        for start in range(0, len(hidden), ctx.rows):
+            span = slice(start, start + ctx.rows)
+            logits = (hidden[span] @ w.t()).to(wide).div_(ctx.temperature)  # [c, V]
+            upstream = grad_logprobs[span].to(wide)  # [c]
+            # -g * softmax, in the logits' own buffer: one [c, V] tensor at a time
+            grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
+            grad_logits[torch.arange(len(upstream), device=upstream.device), targets[span]] += upstream  # + g * onehot
+            grad_logits /= ctx.temperature
+            if want_hidden:
+                grad_hidden[span] = grad_logits.to(hidden.dtype) @ w
+            if want_weight:
+                grad_weight.addmm_(grad_logits.t(), hidden[span].to(wide))  # in place: no second [V, H]
+        return (grad_hidden, grad_weight.to(weight.dtype) if want_weight else None, None, None, None, None)
+
+
+def _softmax_dtype(hidden: Tensor) -> torch.dtype:
+    return torch.promote_types(hidden.dtype, torch.float32)
+
+
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:
     """PPO's clipped value loss, per token: 0.5 * max((v - R)^2, (clip(v, v_old +- clip) - R)^2).  All [N, T]."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)

@@ -21,7 +21,7 @@ from torch import nn
 
 from mrl.config import ModelConfig, TinyModelSpec, UserError
 from mrl.local_models import BUILT_LOCALLY
-from mrl.losses import token_logprobs
+from mrl.losses import linear_token_logprobs, token_logprobs
 from mrl.precision import MASTER, autocast_of, compute_in, precision_for
 
 BUILTIN_TINY = "builtin:tiny"
@@ -176,8 +176,10 @@ class Actor(nn.Module):
         Without `targets`: (logits [N, keep, V], values [N, keep] or None).
         With `targets` [N, K], K <= keep: (log-probs [N, K] of targets[:, k] at kept position k, of logits /
         temperature; entropies [N, K] or None without `entropy` or `entropy_grad`; values [N, keep] or None).  The
-        output layer then runs a chunk of positions at a time (mrl.losses.token_logprobs): no [N, K, V] tensor
-        exists, in the forward or the backward.  Inside forward, so that an engine (DeepSpeed) sees one call.
+        output layer then runs a chunk of positions at a time: no [N, K, V] tensor exists, in the forward or the
+        backward (mrl.losses.linear_token_logprobs for a plain linear layer, its gradient by hand; else
+        mrl.losses.token_logprobs, recomputed by autograd).  Inside forward, so that an engine (DeepSpeed) sees one
+        call.
 
         Only the completion's positions need logits: at a real vocabulary (49k) and a long chat prompt, the output
         layer over the prompt's positions would cost more than the rest of the model, and its memory most of all.
@@ -196,8 +198,12 @@ class Actor(nn.Module):
                                                    position_ids=position_ids, use_cache=False).last_hidden_state
             hidden = hidden[:, -keep:]  # [N, keep, H]
             if targets is not None:
-                scored = token_logprobs(self.logits, hidden[:, :targets.shape[1]], targets, self.vocab_size,
-                                        temperature, entropy, entropy_grad)
+                scored_hidden = hidden[:, :targets.shape[1]]  # [N, K, H]
+                weight = None if entropy_grad else self.plain_output_weight()
+                scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature, entropy)
+                          if weight is not None else
+                          token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
+                                         entropy_grad))
             else:
                 scored = (self.logits(hidden),)
         values = None
@@ -209,6 +215,18 @@ class Actor(nn.Module):
     def vocab_size(self) -> int:
         head = self.policy.get_output_embeddings()
         return getattr(head, "out_features", None) or self.policy.config.get_text_config().vocab_size
+
+    def plain_output_weight(self) -> torch.Tensor | None:
+        """The output layer's weight [V, H] when its logits are exactly hidden @ weight.T (no bias, no scaling or
+        soft-capping, not an adapter-wrapped layer, not a ZeRO-3 partition), so that mrl.losses.linear_token_logprobs
+        may compute them; else None (token_logprobs calls the layer itself)."""
+        head = self.policy.get_output_embeddings()
+        config = self.policy.config.get_text_config()
+        scaled = any(getattr(config, key, None) is not None
+                     for key in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
+        if type(head) is not nn.Linear or head.bias is not None or scaled or hasattr(head.weight, "ds_id"):
+            return None
+        return head.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The policy's logits from its last hidden states [..., H] -> [..., V]: its output layer and the scaling or

@@ -89,3 +89,15 @@ def test_dry_run_lists_both_sides(capsys):
     bench.main(["--dry-run", "--shapes", "tiny,smollm2"])
     out = capsys.readouterr().out
     assert "tiny: mrl grpo P=8 G=8 T=10" in out and "TRL batch=8 G=4 T=32" in out
+
+
+def test_the_output_layer_bench_runs_each_way_on_the_same_numbers():
+    """scripts/bench_head.py at a small width: mrl's two ways agree on the loss and both gradients (the script exits
+    on a disagreement; Liger's way is compared where it is installed)."""
+    bench_head = load("bench_head")
+    ways = ["checkpointed", "linear"] + (["liger"] if importlib.util.find_spec("liger_kernel") else [])
+    runs = [bench_head.one(way, hidden_size=8, rows=2, tokens=4, steps=1) for way in ways]
+    for run in runs[1:]:
+        for key in ("loss", "grad_hidden", "grad_weight"):
+            assert run[key] == pytest.approx(runs[0][key], rel=1e-5, abs=1e-7), (run["way"], key)
+    assert runs[0]["grad_weight"] > 0 and all(run["peak_mb"] >= 0 for run in runs)

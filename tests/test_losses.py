@@ -9,7 +9,15 @@ import torch
 from torch.testing import assert_close
 
 import mrl.losses
-from mrl.losses import aggregate, clipped_surrogate, entropy_from_logits, kl_k3, token_logprobs, value_loss
+from mrl.losses import (
+    aggregate,
+    clipped_surrogate,
+    entropy_from_logits,
+    kl_k3,
+    linear_token_logprobs,
+    token_logprobs,
+    value_loss,
+)
 
 TOL = dict(rtol=1e-9, atol=1e-9)
 
@@ -290,6 +298,61 @@ def test_token_logprobs_without_entropy_or_gradients():
     with torch.no_grad():
         logprobs, entropy = token_logprobs(head, torch.randn(2, 3, 4), torch.zeros(2, 3, dtype=torch.long), 6)
     assert logprobs.shape == (2, 3) and entropy is None and (logprobs < 0).all()
+
+
+def linear_scores(monkeypatch, chunk: int, dtype=torch.float32, frozen: bool = False):
+    """linear_token_logprobs at LOGIT_CHUNK=`chunk` on a fixed problem (N=3, T=5, H=8, V=11, temperature 0.7),
+    backward through a weighted sum of the log-probs (uneven weights, one of them 0) -> (log-probs, entropies,
+    d hidden, d weight)."""
+    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+    torch.manual_seed(0)
+    weight = torch.randn(11, 8, dtype=dtype, requires_grad=not frozen)
+    hidden = torch.randn(3, 5, 8, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    upstream = torch.randn(3, 5, dtype=dtype)
+    upstream[1, 2] = 0.0  # a masked-out token
+    logprobs, entropy = linear_token_logprobs(hidden, weight, targets, 0.7, entropy=True)
+    (upstream * logprobs).sum().backward()
+    return logprobs.detach(), entropy, hidden.grad, weight.grad
+
+
+def reference_scores():
+    """The same problem through full [N, T, V] logits and autograd's log-softmax."""
+    torch.manual_seed(0)
+    weight, hidden = torch.randn(11, 8, requires_grad=True), torch.randn(3, 5, 8, requires_grad=True)
+    targets, upstream = torch.randint(0, 11, (3, 5)), torch.randn(3, 5)
+    upstream[1, 2] = 0.0
+    logp = torch.log_softmax(hidden @ weight.t() / 0.7, -1)  # [3, 5, 11]
+    logprobs = logp.gather(2, targets[..., None]).squeeze(-1)
+    (upstream * logprobs).sum().backward()
+    return logprobs.detach(), -(logp.exp() * logp).sum(-1).detach(), hidden.grad, weight.grad
+
+
+@pytest.mark.parametrize("chunk", [10**6, 2 * 11, 11])  # one chunk of 15 positions; 2 positions; 1 position
+def test_linear_token_logprobs_equal_full_logits_values_and_gradients(monkeypatch, chunk):
+    got, expected = linear_scores(monkeypatch, chunk), reference_scores()
+    for a, b in zip(got, expected):
+        assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert not got[1].requires_grad  # the entropy is logged, never trained through this path
+    assert (got[0] < 0).all() and got[3].abs().sum() > 0
+
+
+def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
+    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", 2 * 5)  # 2 positions a chunk
+    torch.manual_seed(1)
+    hidden = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 5, (2, 3))
+    assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, targets, 1.3)[0], (hidden, weight))
+
+
+def test_linear_token_logprobs_with_a_frozen_output_layer(monkeypatch):
+    """A LoRA policy's output layer is frozen: no weight gradient is computed, the hidden states' is unchanged."""
+    logprobs, _, grad_hidden, grad_weight = linear_scores(monkeypatch, 2 * 11, frozen=True)
+    expected = reference_scores()
+    assert grad_weight is None
+    assert_close(logprobs, expected[0], rtol=1e-5, atol=1e-6)
+    assert_close(grad_hidden, expected[2], rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------- value_loss

@@ -186,6 +186,8 @@ def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
         logits, _ = Actor(model)(ids, mask, pos)
         logprobs, _, _ = Actor(model)(ids, mask, pos, keep=4, targets=ids[:, -3:])
     torch.testing.assert_close(logits, expected)
+    # a plain linear output layer is scored by mrl.losses.linear_token_logprobs, a transformed one by the layer
+    assert (Actor(model).plain_output_weight() is None) == bool(head)
     # kept position k of the last 4 scores targets[:, k]
     manual = torch.log_softmax(expected[:, -4:-1], -1).gather(2, ids[:, -3:, None]).squeeze(-1)
     torch.testing.assert_close(logprobs, manual)
