@@ -109,7 +109,7 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, tempe
     logits and adds its share of the weight's gradient into one [V, H] buffer in place.  Autograd through
     token_logprobs' checkpointed chunks holds two [V, H] gradients at once (the running sum and the chunk's) and the
     softmax's intermediates besides.  At a 152k vocabulary, hidden 896, 16 x 128 positions (scripts/bench_head.py,
-    CPU): 856 MB above the inputs (545 of them the weight's gradient itself) instead of 1705 MB, in 0.71x the time.
+    CPU): 728 MB above the inputs (545 of them the weight's gradient itself) instead of 1705 MB, in 0.69x the time.
     The output layer runs twice either way (forward, and recomputed in the backward).  The same math, to float
     rounding (tests/test_losses.py).
     """
@@ -120,26 +120,33 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, tempe
 
 
 class _LinearLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ weight.T / temperature)[targets], `rows` positions at a time.  hidden [M, H] (the
-    compute dtype), weight [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
+    """log softmax(hidden @ weight.T / temperature)[targets], `rows` positions at a time.  hidden [M, H], weight
+    [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
 
     d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the recomputed logits and the saved
-    log-normalizer.  Matmuls run in hidden's dtype (bf16 under autocast, as the model's own output layer would), the
-    softmax and the weight's gradient in float32 (float64 for float64 inputs)."""
+    log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept for the backward: the
+    autocast dtype where autocast is on (bf16 on a GPU, as the model's own output layer would run), else hidden's.
+    Autograd runs the backward outside autocast, and logits recomputed in another precision than the saved
+    log-normalizer's would not sum to one (a confident token's gradient, g * (1 - p), would be rounding noise).  The
+    softmax and the weight's gradient are float32 (float64 for float64 inputs)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool):
-        w, wide = weight.to(hidden.dtype), _softmax_dtype(hidden)
+        device = hidden.device.type
+        ctx.compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        wide = torch.promote_types(ctx.compute, torch.float32)
         logprobs = torch.empty(len(hidden), dtype=wide, device=hidden.device)  # [M]
         log_norm = torch.empty_like(logprobs)  # [M]
         entropies = torch.empty_like(logprobs) if entropy else logprobs.new_empty(0)
-        for start in range(0, len(hidden), rows):
-            span = slice(start, start + rows)
-            logits = (hidden[span] @ w.t()).to(wide).div_(temperature)  # [c, V], in place: a fresh tensor
-            log_norm[span] = torch.logsumexp(logits, -1)
-            logprobs[span] = logits.gather(1, targets[span, None]).squeeze(1) - log_norm[span]
-            if entropy:  # H = log Z - sum_v p_v * logit_v
-                entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
+        with torch.autocast(device, enabled=False):
+            w = weight.to(ctx.compute)
+            for start in range(0, len(hidden), rows):
+                span = slice(start, start + rows)
+                logits = (hidden[span].to(ctx.compute) @ w.t()).to(wide).div_(temperature)  # [c, V], a fresh tensor
+                log_norm[span] = torch.logsumexp(logits, -1)
+                logprobs[span] = logits.gather(1, targets[span, None]).squeeze(1) - log_norm[span]
+                if entropy:  # H = log Z - sum_v p_v * logit_v
+                    entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
         ctx.save_for_backward(hidden, weight, targets, log_norm)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.mark_non_differentiable(entropies)
@@ -149,26 +156,25 @@ class _LinearLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs, _grad_entropies):
         hidden, weight, targets, log_norm = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs_input_grad[:2]
-        w, wide = weight.to(hidden.dtype), _softmax_dtype(hidden)
+        wide = log_norm.dtype
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=wide, device=weight.device) if want_weight else None
-        for start in range(0, len(hidden), ctx.rows):
-            span = slice(start, start + ctx.rows)
-            logits = (hidden[span] @ w.t()).to(wide).div_(ctx.temperature)  # [c, V]
-            upstream = grad_logprobs[span].to(wide)  # [c]
-            # -g * softmax, in the logits' own buffer: one [c, V] tensor at a time
-            grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
-            grad_logits[torch.arange(len(upstream), device=upstream.device), targets[span]] += upstream  # + g * onehot
-            grad_logits /= ctx.temperature
-            if want_hidden:
-                grad_hidden[span] = grad_logits.to(hidden.dtype) @ w
-            if want_weight:
-                grad_weight.addmm_(grad_logits.t(), hidden[span].to(wide))  # in place: no second [V, H]
+        with torch.autocast(hidden.device.type, enabled=False):
+            w = weight.to(ctx.compute)
+            for start in range(0, len(hidden), ctx.rows):
+                span = slice(start, start + ctx.rows)
+                h = hidden[span].to(ctx.compute)
+                logits = (h @ w.t()).to(wide).div_(ctx.temperature)  # [c, V], as in the forward
+                upstream = grad_logprobs[span].to(wide)  # [c]
+                # -g * softmax, in the logits' own buffer: one [c, V] tensor at a time
+                grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
+                grad_logits[torch.arange(len(upstream), device=upstream.device), targets[span]] += upstream  # +g*onehot
+                grad_logits /= ctx.temperature
+                if want_hidden:
+                    grad_hidden[span] = grad_logits.to(ctx.compute) @ w
+                if want_weight:
+                    grad_weight.addmm_(grad_logits.t(), h.to(wide))  # in place: no second [V, H]
         return (grad_hidden, grad_weight.to(weight.dtype) if want_weight else None, None, None, None, None)
-
-
-def _softmax_dtype(hidden: Tensor) -> torch.dtype:
-    return torch.promote_types(hidden.dtype, torch.float32)
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:

@@ -152,6 +152,10 @@ def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device, weights: t
     return compute_in(model.to(device), precision, device)
 
 
+# Config keys of families whose forward transforms the output layer's logits (Actor.logits applies each).
+LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "lm_head_multiplier", "final_logit_softcapping")
+
+
 def _zero_linear(hidden_size: int) -> nn.Linear:
     """A scalar head that starts at value 0 everywhere, so early GAE is driven by the rewards."""
     head = nn.Linear(hidden_size, 1)
@@ -219,26 +223,27 @@ class Actor(nn.Module):
     def plain_output_weight(self) -> torch.Tensor | None:
         """The output layer's weight [V, H] when its logits are exactly hidden @ weight.T (no bias, no scaling or
         soft-capping, not an adapter-wrapped layer, not a ZeRO-3 partition), so that mrl.losses.linear_token_logprobs
-        may compute them; else None (token_logprobs calls the layer itself)."""
+        may compute them; else None (token_logprobs calls `logits` itself)."""
         head = self.policy.get_output_embeddings()
         config = self.policy.config.get_text_config()
-        scaled = any(getattr(config, key, None) is not None
-                     for key in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
-        if type(head) is not nn.Linear or head.bias is not None or scaled or hasattr(head.weight, "ds_id"):
+        transformed = any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS)
+        if type(head) is not nn.Linear or head.bias is not None or transformed or hasattr(head.weight, "ds_id"):
             return None
         return head.weight
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The policy's logits from its last hidden states [..., H] -> [..., V]: its output layer and the scaling or
-        soft-capping its family applies after it (Cohere's logit_scale, Granite's logits_scaling, Gemma's
-        final_logit_softcapping), as the model's own forward computes them."""
+        soft-capping its family applies after it (LOGIT_TRANSFORMS), as the model's own forward computes them."""
         config = self.policy.config.get_text_config()
         logits = self.policy.get_output_embeddings()(hidden)
-        if getattr(config, "logit_scale", None) is not None:
+        if getattr(config, "logit_scale", None) is not None:  # Cohere
             logits = logits * config.logit_scale
-        if getattr(config, "logits_scaling", None) is not None:
-            logits = logits / config.logits_scaling
-        cap = getattr(config, "final_logit_softcapping", None)
+        if getattr(config, "logits_scaling", None) is not None:  # Granite divides, HyperCLOVAX (MuP) multiplies
+            multiply = config.model_type == "hyperclovax"
+            logits = logits * config.logits_scaling if multiply else logits / config.logits_scaling
+        if getattr(config, "lm_head_multiplier", None) is not None:  # Falcon-H1
+            logits = logits * config.lm_head_multiplier
+        cap = getattr(config, "final_logit_softcapping", None)  # Gemma 2-4, nanochat
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     def _shared_prompt_states(self, input_ids, attention_mask, position_ids, prompt_width: int) -> torch.Tensor:

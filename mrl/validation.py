@@ -301,7 +301,9 @@ class Preflight(Callback):
         try:
             validate(config)
         except UserError as err:
-            exit_with_error(str(err))
+            # Ranks > 0 get here only once rank 0's checks passed (mrl.cli): what fails now failed on this rank alone
+            # (a model dir or dataset missing on its node), so it says so itself.
+            exit_with_error(str(err), every_rank=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every job of the sweep as the basic sweeper will and validate each, before the sweep dir exists.

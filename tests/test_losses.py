@@ -346,6 +346,29 @@ def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
     assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, targets, 1.3)[0], (hidden, weight))
 
 
+def test_linear_token_logprobs_under_autocast_match_the_autograd_path():
+    """Under bf16 autocast (a GPU's mixed precision; CPU autocast here) the forward computes bf16 logits, and the
+    backward, which autograd runs outside autocast, must recompute them in bf16 too: confident tokens (p near 1)
+    have a gradient g * (1 - p) that a float32 recomputation against the bf16 log-normalizer turns into noise.
+    token_logprobs' checkpointed chunks restore autocast when they recompute: both ways must agree."""
+    def run(way):
+        torch.manual_seed(0)
+        hidden = torch.randn(2, 4, 16, requires_grad=True)
+        weight = (torch.randn(512, 16) * 6).requires_grad_(True)
+        with torch.no_grad():
+            targets = (hidden @ weight.t()).argmax(-1)  # the most likely tokens: confident ones
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logprobs = way(hidden, weight, targets)
+        logprobs.sum().backward()  # outside autocast, as the loop's backward
+        return logprobs.detach().float(), hidden.grad, weight.grad
+
+    linear = run(lambda h, w, t: linear_token_logprobs(h, w, t)[0])
+    autograd = run(lambda h, w, t: token_logprobs(lambda x: x @ w.t(), h, t, 512)[0])
+    assert linear[0].exp().mean() > 0.9  # confident
+    for got, expected in zip(linear, autograd):
+        assert ((got - expected).norm() / expected.norm()).item() < 0.02
+
+
 def test_linear_token_logprobs_with_a_frozen_output_layer(monkeypatch):
     """A LoRA policy's output layer is frozen: no weight gradient is computed, the hidden states' is unchanged."""
     logprobs, _, grad_hidden, grad_weight = linear_scores(monkeypatch, 2 * 11, frozen=True)

@@ -204,9 +204,11 @@ def rollouts(tokenizer, prompts: list[list[int]], completions: list[str], observ
                     as_long(mask), as_long(attention), episodes, 1)
 
 
-def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str):
+def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str, linear: bool = False):
     """The policy loss as the trainer's first update computes it: old log-probs from the same batch (no grad),
-    advantage 1 on every policy token, completion_mask as the loss mask.  -> (loss, logits, {name: grad})."""
+    advantage 1 on every policy token, completion_mask as the loss mask.  -> (loss, logits' gradient [N, T, V],
+    {name: grad}).  The output layer's gradient is autograd's (token_logprobs), so that the logits can be read;
+    `linear`: the trainer's own path for this model (linear_token_logprobs, gradient by hand; no logits: None)."""
     with torch.no_grad():
         old_logprobs, _, _ = policy_forward(actor, batch)
     actor.zero_grad(set_to_none=True)
@@ -218,17 +220,19 @@ def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str):
         outputs.append(out)
         return out
 
-    actor.logits = logits
+    if not linear:
+        actor.logits, actor.plain_output_weight = logits, lambda: None
     try:
         logprobs, _, _ = policy_forward(actor, batch)
     finally:
-        del actor.logits
+        if not linear:
+            del actor.logits, actor.plain_output_weight
     mask = batch.completion_mask.float()
     pg_loss, _ = clipped_surrogate(logprobs, old_logprobs, mask.clone(), algo.clip_low, algo.clip_high)
     loss = aggregate(pg_loss, mask, loss_agg)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in actor.named_parameters() if p.grad is not None}
-    dlogits = torch.cat([out.grad for out in outputs]).view(*batch.completion_ids.shape, -1)  # [N, T, V]
+    dlogits = None if linear else torch.cat([out.grad for out in outputs]).view(*batch.completion_ids.shape, -1)
     return loss.detach(), dlogits, grads
 
 
@@ -252,6 +256,11 @@ def test_final_observation_does_not_change_the_loss_or_any_gradient(cfg, tokeniz
     for name in grads_a:
         assert torch.equal(grads_a[name], grads_b[name]), name
     assert any(g.abs().sum() > 0 for g in grads_a.values())  # the policy tokens do train
+    # the same through the trainer's own output-layer path (the gradient by hand), bit for bit
+    assert actor.plain_output_weight() is not None
+    _, _, linear_a = trainer_loss(actor, a, cfg.algo, loss_agg, linear=True)
+    _, _, linear_b = trainer_loss(actor, b, cfg.algo, loss_agg, linear=True)
+    assert linear_a.keys() == grads_a.keys() and all(torch.equal(linear_a[k], linear_b[k]) for k in linear_a)
     # the observation positions get no gradient at all
     for dlogits in (dlogits_a, dlogits_b):
         assert torch.equal(dlogits[0, 2:], torch.zeros_like(dlogits[0, 2:]))
