@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 AGGREGATIONS = ("seq_mean", "token_mean")
@@ -147,14 +148,18 @@ class _LinearLogprobs(torch.autograd.Function):
                 logprobs[span] = logits.gather(1, targets[span, None]).squeeze(1) - log_norm[span]
                 if entropy:  # H = log Z - sum_v p_v * logit_v
                     entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, log_norm)
+        # One chunk (at most LOGIT_CHUNK logits): keep its logits rather than run the output layer again, as autograd
+        # would keep them; with several, each is recomputed so that memory stays one chunk's.
+        kept = logits if len(hidden) <= rows else logprobs.new_empty(0)
+        ctx.save_for_backward(hidden, weight, targets, log_norm, kept)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.mark_non_differentiable(entropies)
         return logprobs, entropies
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_logprobs, _grad_entropies):
-        hidden, weight, targets, log_norm = ctx.saved_tensors
+        hidden, weight, targets, log_norm, kept = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs_input_grad[:2]
         wide = log_norm.dtype
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
@@ -164,10 +169,12 @@ class _LinearLogprobs(torch.autograd.Function):
             for start in range(0, len(hidden), ctx.rows):
                 span = slice(start, start + ctx.rows)
                 h = hidden[span].to(ctx.compute)
-                logits = (h @ w.t()).to(wide).div_(ctx.temperature)  # [c, V], as in the forward
                 upstream = grad_logprobs[span].to(wide)  # [c]
-                # -g * softmax, in the logits' own buffer: one [c, V] tensor at a time
-                grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
+                if kept.numel():  # -g * softmax, beside the kept logits
+                    grad_logits = (kept - log_norm[span, None]).exp_().mul_(-upstream[:, None])
+                else:  # recomputed as in the forward; -g * softmax in the logits' own buffer
+                    logits = (h @ w.t()).to(wide).div_(ctx.temperature)  # [c, V]
+                    grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
                 grad_logits[torch.arange(len(upstream), device=upstream.device), targets[span]] += upstream  # +g*onehot
                 grad_logits /= ctx.temperature
                 if want_hidden:

@@ -153,7 +153,9 @@ def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device, weights: t
 
 
 # Config keys of families whose forward transforms the output layer's logits (Actor.logits applies each).
-LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "lm_head_multiplier", "final_logit_softcapping")
+# Soft caps, cap * tanh(logits / cap): Gemma 2-4 and nanochat; RecurrentGemma; xLSTM.
+SOFT_CAPS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "lm_head_multiplier", *SOFT_CAPS)
 
 
 def _zero_linear(hidden_size: int) -> nn.Linear:
@@ -236,14 +238,15 @@ class Actor(nn.Module):
         soft-capping its family applies after it (LOGIT_TRANSFORMS), as the model's own forward computes them."""
         config = self.policy.config.get_text_config()
         logits = self.policy.get_output_embeddings()(hidden)
-        if getattr(config, "logit_scale", None) is not None:  # Cohere
-            logits = logits * config.logit_scale
+        if getattr(config, "logit_scale", None) is not None and config.model_type.startswith("cohere"):
+            logits = logits * config.logit_scale  # (MPT's config has the key too, and its forward ignores it)
         if getattr(config, "logits_scaling", None) is not None:  # Granite divides, HyperCLOVAX (MuP) multiplies
             multiply = config.model_type == "hyperclovax"
             logits = logits * config.logits_scaling if multiply else logits / config.logits_scaling
         if getattr(config, "lm_head_multiplier", None) is not None:  # Falcon-H1
             logits = logits * config.lm_head_multiplier
-        cap = getattr(config, "final_logit_softcapping", None)  # Gemma 2-4, nanochat
+        caps = [getattr(config, key, None) for key in SOFT_CAPS]
+        cap = next((c for c in caps if c is not None), None)
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     def _shared_prompt_states(self, input_ids, attention_mask, position_ids, prompt_width: int) -> torch.Tensor:

@@ -346,11 +346,14 @@ def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
     assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, targets, 1.3)[0], (hidden, weight))
 
 
-def test_linear_token_logprobs_under_autocast_match_the_autograd_path():
+@pytest.mark.parametrize("chunk", [10**6, 2 * 512])  # one chunk (its logits kept); 2 positions a chunk (recomputed)
+def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatch, chunk):
     """Under bf16 autocast (a GPU's mixed precision; CPU autocast here) the forward computes bf16 logits, and the
     backward, which autograd runs outside autocast, must recompute them in bf16 too: confident tokens (p near 1)
     have a gradient g * (1 - p) that a float32 recomputation against the bf16 log-normalizer turns into noise.
     token_logprobs' checkpointed chunks restore autocast when they recompute: both ways must agree."""
+    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+
     def run(way):
         torch.manual_seed(0)
         hidden = torch.randn(2, 4, 16, requires_grad=True)

@@ -171,6 +171,7 @@ def test_actor_value_head(path, cfg):
     ("cohere", {"logit_scale": 0.5}), ("granite", {"logits_scaling": 4.0}),
     ("hyperclovax", {"logits_scaling": 4.0}),  # multiplied, where Granite divides
     ("falcon_h1", {"lm_head_multiplier": 0.5}),
+    ("mpt", {"logit_scale": 0.5}),  # a key in its config that its forward ignores: unscaled logits
 ])
 def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
     """The Actor runs the decoder and the output layer itself (to score a chunk of positions at a time): its logits

@@ -261,6 +261,8 @@ def test_final_observation_does_not_change_the_loss_or_any_gradient(cfg, tokeniz
     _, _, linear_a = trainer_loss(actor, a, cfg.algo, loss_agg, linear=True)
     _, _, linear_b = trainer_loss(actor, b, cfg.algo, loss_agg, linear=True)
     assert linear_a.keys() == grads_a.keys() and all(torch.equal(linear_a[k], linear_b[k]) for k in linear_a)
+    for name in grads_a:  # and they are autograd's
+        torch.testing.assert_close(linear_a[name], grads_a[name], rtol=1e-4, atol=1e-6)
     # the observation positions get no gradient at all
     for dlogits in (dlogits_a, dlogits_b):
         assert torch.equal(dlogits[0, 2:], torch.zeros_like(dlogits[0, 2:]))
