@@ -111,8 +111,8 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, tempe
     token_logprobs' checkpointed chunks holds two [V, H] gradients at once (the running sum and the chunk's) and the
     softmax's intermediates besides.  At a 152k vocabulary, hidden 896, 16 x 128 positions (scripts/bench_head.py,
     CPU): 728 MB above the inputs (545 of them the weight's gradient itself) instead of 1705 MB, in 0.69x the time.
-    The output layer runs twice either way (forward, and recomputed in the backward).  The same math, to float
-    rounding (tests/test_losses.py).
+    The output layer runs as often either way: twice over several chunks (forward, and recomputed in the backward),
+    once over one.  The same math, to float rounding (tests/test_losses.py).
     """
     N, T, H = hidden.shape
     logprobs, entropies = _LinearLogprobs.apply(hidden.reshape(N * T, H), weight, targets.reshape(N * T),
@@ -124,12 +124,12 @@ class _LinearLogprobs(torch.autograd.Function):
     """log softmax(hidden @ weight.T / temperature)[targets], `rows` positions at a time.  hidden [M, H], weight
     [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
 
-    d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the recomputed logits and the saved
-    log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept for the backward: the
-    autocast dtype where autocast is on (bf16 on a GPU, as the model's own output layer would run), else hidden's.
-    Autograd runs the backward outside autocast, and logits recomputed in another precision than the saved
-    log-normalizer's would not sum to one (a confident token's gradient, g * (1 - p), would be rounding noise).  The
-    softmax and the weight's gradient are float32 (float64 for float64 inputs)."""
+    d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the logits (recomputed, or kept for a
+    single chunk) and the saved log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept
+    for the backward: the autocast dtype where autocast is on (bf16 on a GPU, as the model's own output layer would
+    run), else hidden's.  Autograd runs the backward outside autocast, and logits recomputed in another precision than
+    the saved log-normalizer's would not sum to one (a confident token's gradient, g * (1 - p), would be rounding
+    noise).  The softmax and the weight's gradient are float32 (float64 for float64 inputs)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool):
@@ -150,7 +150,7 @@ class _LinearLogprobs(torch.autograd.Function):
                     entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
         # One chunk (at most LOGIT_CHUNK logits): keep its logits rather than run the output layer again, as autograd
         # would keep them; with several, each is recomputed so that memory stays one chunk's.
-        kept = logits if len(hidden) <= rows else logprobs.new_empty(0)
+        kept = logits if 0 < len(hidden) <= rows else logprobs.new_empty(0)
         ctx.save_for_backward(hidden, weight, targets, log_norm, kept)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.mark_non_differentiable(entropies)

@@ -372,6 +372,14 @@ def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatc
         assert ((got - expected).norm() / expected.norm()).item() < 0.02
 
 
+def test_linear_token_logprobs_of_no_positions():
+    hidden, weight = torch.zeros(0, 3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    logprobs, entropy = linear_token_logprobs(hidden, weight, torch.zeros(0, 3, dtype=torch.long), entropy=True)
+    assert logprobs.shape == entropy.shape == (0, 3)
+    logprobs.sum().backward()
+    assert hidden.grad.shape == (0, 3, 4) and torch.equal(weight.grad, torch.zeros(5, 4))
+
+
 def test_linear_token_logprobs_with_a_frozen_output_layer(monkeypatch):
     """A LoRA policy's output layer is frozen: no weight gradient is computed, the hidden states' is unchanged."""
     logprobs, _, grad_hidden, grad_weight = linear_scores(monkeypatch, 2 * 11, frozen=True)
