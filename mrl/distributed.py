@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -259,7 +259,7 @@ def local_rows(x, like):
 
 # ---- rank 0's sinks --------------------------------------------------------------------------------------------
 
-def exit_with_error(message: str, code: int = 2, every_rank: bool = False) -> None:
+def exit_with_error(message: str, code: int = 2, every_rank: bool = False) -> NoReturn:
     """Print `mrl: error: <message>` (one line) and exit with `code`.  Under a launcher only rank 0 prints an error
     that every rank meets alike (a config error, an agreed stop); `every_rank` for one that a rank may meet alone (a
     reward channel failing on its rows), prefixed with the rank."""

@@ -110,7 +110,7 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, tempe
     logits and adds its share of the weight's gradient into one [V, H] buffer in place.  Autograd through
     token_logprobs' checkpointed chunks holds two [V, H] gradients at once (the running sum and the chunk's) and the
     softmax's intermediates besides.  At a 152k vocabulary, hidden 896, 16 x 128 positions (scripts/bench_head.py,
-    CPU): 728 MB above the inputs (545 of them the weight's gradient itself) instead of 1705 MB, in 0.69x the time.
+    CPU): 728 MiB above the inputs (519 of them the weight's gradient itself) instead of 1705, in 0.69x the time.
     The output layer runs as often either way: twice over several chunks (forward, and recomputed in the backward),
     once over one.  The same math, to float rounding (tests/test_losses.py).
     """

@@ -98,7 +98,9 @@ def main() -> None:
     results = []
     for way in ways:
         done = subprocess.run([sys.executable, __file__, "--worker", way, *sys.argv[1:]], capture_output=True,
-                              text=True, env=env, check=True)
+                              text=True, env=env)
+        if done.returncode != 0:
+            sys.exit(f"the {way} worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     first = results[0]
     print(f"output layer [{VOCAB}, {args.hidden}], {args.rows} rows x {args.tokens} tokens, GRPO seq_mean loss, "

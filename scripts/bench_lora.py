@@ -1,6 +1,6 @@
 """LoRA vs full fine-tuning at the same shape, KL on: peak memory of a training run and bytes of a checkpoint.
 
-    make bench-lora    or    python scripts/bench_lora.py [--model smollm2|tiny] [--ranks 16] [--steps 1] [-- OVERRIDES]
+    make bench-lora    or    python scripts/bench_lora.py [--model smollm2|tiny] [--ranks 16] [--steps 2] [-- OVERRIDES]
 
 Each configuration trains `--steps` GRPO steps with algo.kl_coef > 0 in its own `mrl train` process (full: a frozen
 reference copy; LoRA: the policy with adapters disabled), then the script reads the run's peak memory (`mem/peak_mb`:
