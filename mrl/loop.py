@@ -274,6 +274,7 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
         init_path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(init_path)
     actor_module = Actor(load_policy(cfg.model, init_path, device, resume_from), value_head=algo.critic == "head")
+    actor_module.check_logits()  # the logits the trainer scores are those the model's own forward gives
     critic = None
     if estimator.needs_critic and algo.critic == "model":
         critic_path = str(resume_from / "critic") if resume_from else init_path

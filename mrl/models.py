@@ -222,6 +222,28 @@ class Actor(nn.Module):
         head = self.policy.get_output_embeddings()
         return getattr(head, "out_features", None) or self.policy.config.get_text_config().vocab_size
 
+    def check_logits(self) -> None:
+        """Refuse a model whose own forward transforms the output layer's logits in a way `logits` does not apply (a
+        family mrl does not know): the trainer would score tokens under another distribution than the policy samples
+        from.  One forward of 8 positions, at load, before any engine partitions the weights."""
+        ids = (torch.arange(1, 9, device=self.policy.device) % self.vocab_size)[None]  # [1, 8]
+        training = self.policy.training
+        self.policy.eval()  # no dropout
+        try:
+            with torch.no_grad(), autocast_of(self.policy):
+                own = self.policy(input_ids=ids).logits.float()  # [1, 8, V]
+                mine = self.logits(self.policy.get_decoder()(input_ids=ids).last_hidden_state).float()
+        finally:
+            self.policy.train(training)
+        gap = (own - mine).abs().max().item()
+        if gap > 1e-2 * max(own.abs().max().item(), 1e-6):
+            family = self.policy.config.get_text_config().model_type
+            raise UserError(
+                f"model type {family!r}: its forward transforms the output layer's logits in a way mrl does not "
+                f"apply (largest difference {gap:.3g}); mrl scores tokens through Actor.logits in mrl/models.py, "
+                f"which applies {', '.join(LOGIT_TRANSFORMS)}: add this family's transform there, or train another "
+                "model")
+
     def plain_output_weight(self) -> torch.Tensor | None:
         """The output layer's weight [V, H] when its logits are exactly hidden @ weight.T (no bias, no scaling or
         soft-capping, not an adapter-wrapped layer, not a ZeRO-3 partition), so that mrl.losses.linear_token_logprobs

@@ -189,8 +189,32 @@ def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
         logits, _ = Actor(model)(ids, mask, pos)
         logprobs, _, _ = Actor(model)(ids, mask, pos, keep=4, targets=ids[:, -3:])
     torch.testing.assert_close(logits, expected)
+    Actor(model).check_logits()  # the load-time check agrees
     # a plain linear output layer is scored by mrl.losses.linear_token_logprobs, a transformed one by the layer
     assert (Actor(model).plain_output_weight() is None) == bool(head)
     # kept position k of the last 4 scores targets[:, k]
     manual = torch.log_softmax(expected[:, -4:-1], -1).gather(2, ids[:, -3:, None]).squeeze(-1)
     torch.testing.assert_close(logprobs, manual)
+
+
+def test_a_family_whose_forward_transforms_logits_unknown_to_mrl_is_refused_at_load():
+    """A forward that scales its logits after the output layer (as Cohere's or Falcon-H1's do) where Actor.logits
+    does not: the trainer would score another distribution than the one sampled, so the model is refused."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    Actor(model).check_logits()  # llama's logits are the output layer's
+    forward = model.forward
+
+    def scaled(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 3.0
+        return out
+
+    model.forward = scaled
+    with pytest.raises(UserError, match=r"model type 'llama': its forward transforms the output layer's logits"):
+        Actor(model).check_logits()
+    assert model.training  # left in the mode it was in
