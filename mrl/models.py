@@ -183,7 +183,7 @@ class Actor(nn.Module):
         With `targets` [N, K], K <= keep: (log-probs [N, K] of targets[:, k] at kept position k, of logits /
         temperature; entropies [N, K] or None without `entropy` or `entropy_grad`; values [N, keep] or None).  The
         output layer then runs a chunk of positions at a time: no [N, K, V] tensor exists, in the forward or the
-        backward (mrl.losses.linear_token_logprobs for a plain linear layer, its gradient by hand; else
+        backward (mrl.losses.linear_token_logprobs where plain_output_weight allows, its gradient by hand; else
         mrl.losses.token_logprobs, recomputed by autograd).  Inside forward, so that an engine (DeepSpeed) sees one
         call.
 
@@ -206,7 +206,8 @@ class Actor(nn.Module):
             if targets is not None:
                 scored_hidden = hidden[:, :targets.shape[1]]  # [N, K, H]
                 weight = None if entropy_grad else self.plain_output_weight()
-                scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature, entropy)
+                scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature / self.logit_multiplier(),
+                                                entropy)
                           if weight is not None else
                           token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
                                          entropy_grad))
@@ -245,30 +246,41 @@ class Actor(nn.Module):
                 "model")
 
     def plain_output_weight(self) -> torch.Tensor | None:
-        """The output layer's weight [V, H] when its logits are exactly hidden @ weight.T (no bias, no scaling or
-        soft-capping, not an adapter-wrapped layer, not a ZeRO-3 partition), so that mrl.losses.linear_token_logprobs
-        may compute them; else None (token_logprobs calls `logits` itself)."""
+        """The output layer's weight [V, H] when its logits are hidden @ weight.T times `logit_multiplier()` (no bias,
+        no soft cap, not an adapter-wrapped layer, not a ZeRO-3 partition), so that mrl.losses.linear_token_logprobs
+        may compute them, the multiplier folded into the temperature; else None (token_logprobs calls `logits`)."""
         head = self.policy.get_output_embeddings()
-        config = self.policy.config.get_text_config()
-        transformed = any(getattr(config, key, None) is not None for key in LOGIT_TRANSFORMS)
-        if type(head) is not nn.Linear or head.bias is not None or transformed or hasattr(head.weight, "ds_id"):
+        if type(head) is not nn.Linear or head.bias is not None or self.soft_cap() is not None \
+                or hasattr(head.weight, "ds_id"):
             return None
         return head.weight
+
+    def logit_multiplier(self) -> float:
+        """The constant the family multiplies the output layer's logits by (1 for most): Cohere's logit_scale,
+        Granite's 1 / logits_scaling (HyperCLOVAX, MuP, multiplies by it instead), Falcon-H1's lm_head_multiplier."""
+        config = self.policy.config.get_text_config()
+        multiplier = 1.0
+        if getattr(config, "logit_scale", None) is not None and config.model_type.startswith("cohere"):
+            multiplier *= config.logit_scale  # (MPT's config has the key too, and its forward ignores it)
+        if getattr(config, "logits_scaling", None) is not None:
+            scaling = config.logits_scaling
+            multiplier = multiplier * scaling if config.model_type == "hyperclovax" else multiplier / scaling
+        if getattr(config, "lm_head_multiplier", None) is not None:
+            multiplier *= config.lm_head_multiplier
+        return float(multiplier)
+
+    def soft_cap(self) -> float | None:
+        """The family's soft cap of its logits, cap * tanh(logits / cap), or None (SOFT_CAPS)."""
+        config = self.policy.config.get_text_config()
+        return next((c for c in (getattr(config, key, None) for key in SOFT_CAPS) if c is not None), None)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The policy's logits from its last hidden states [..., H] -> [..., V]: its output layer and the scaling or
         soft-capping its family applies after it (LOGIT_TRANSFORMS), as the model's own forward computes them."""
-        config = self.policy.config.get_text_config()
         logits = self.policy.get_output_embeddings()(hidden)
-        if getattr(config, "logit_scale", None) is not None and config.model_type.startswith("cohere"):
-            logits = logits * config.logit_scale  # (MPT's config has the key too, and its forward ignores it)
-        if getattr(config, "logits_scaling", None) is not None:  # Granite divides, HyperCLOVAX (MuP) multiplies
-            multiply = config.model_type == "hyperclovax"
-            logits = logits * config.logits_scaling if multiply else logits / config.logits_scaling
-        if getattr(config, "lm_head_multiplier", None) is not None:  # Falcon-H1
-            logits = logits * config.lm_head_multiplier
-        caps = [getattr(config, key, None) for key in SOFT_CAPS]
-        cap = next((c for c in caps if c is not None), None)
+        multiplier, cap = self.logit_multiplier(), self.soft_cap()
+        if multiplier != 1.0:
+            logits = logits * multiplier
         return torch.tanh(logits / cap) * cap if cap is not None else logits
 
     def _shared_prompt_states(self, input_ids, attention_mask, position_ids, prompt_width: int) -> torch.Tensor:

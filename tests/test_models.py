@@ -190,8 +190,9 @@ def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
         logprobs, _, _ = Actor(model)(ids, mask, pos, keep=4, targets=ids[:, -3:])
     torch.testing.assert_close(logits, expected)
     Actor(model).check_logits()  # the load-time check agrees
-    # a plain linear output layer is scored by mrl.losses.linear_token_logprobs, a transformed one by the layer
-    assert (Actor(model).plain_output_weight() is None) == bool(head)
+    # a linear output layer (a constant multiplier folded into the temperature) is scored by
+    # mrl.losses.linear_token_logprobs, a soft-capped one through Actor.logits
+    assert (Actor(model).plain_output_weight() is None) == ("final_logit_softcapping" in head)
     # kept position k of the last 4 scores targets[:, k]
     manual = torch.log_softmax(expected[:, -4:-1], -1).gather(2, ids[:, -3:, None]).squeeze(-1)
     torch.testing.assert_close(logprobs, manual)
@@ -218,3 +219,37 @@ def test_a_family_whose_forward_transforms_logits_unknown_to_mrl_is_refused_at_l
     with pytest.raises(UserError, match=r"model type 'llama': its forward transforms the output layer's logits"):
         Actor(model).check_logits()
     assert model.training  # left in the mode it was in
+
+
+@pytest.mark.parametrize("model_type, head", [("granite", {"logits_scaling": 4.0}), ("cohere", {"logit_scale": 0.5})])
+def test_a_scaled_output_layer_trains_through_the_linear_path_with_autograds_gradients(model_type, head):
+    """A constant logit multiplier folds into the temperature of linear_token_logprobs: the log-probs and every
+    parameter's gradient equal those through the family's own logits and autograd."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, vocab_size=40, hidden_size=16, intermediate_size=32,
+                                  num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, **head)
+    torch.manual_seed(0)
+    actor = Actor(AutoModelForCausalLM.from_config(config).eval())
+    ids, mask = torch.randint(1, 40, (2, 6)), torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    upstream = torch.tensor([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]])
+
+    def scored(autograd: bool):
+        actor.zero_grad(set_to_none=True)
+        if autograd:
+            actor.plain_output_weight = lambda: None
+        try:
+            logprobs, _, _ = actor(ids, mask, pos, keep=4, targets=ids[:, -3:], temperature=0.7)
+        finally:
+            if autograd:
+                del actor.plain_output_weight
+        (upstream * logprobs).sum().backward()
+        return logprobs.detach(), {n: p.grad.clone() for n, p in actor.named_parameters() if p.grad is not None}
+
+    assert actor.plain_output_weight() is not None and actor.logit_multiplier() != 1.0
+    (linear, linear_grads), (reference, reference_grads) = scored(False), scored(True)
+    torch.testing.assert_close(linear, reference)
+    assert linear_grads.keys() == reference_grads.keys() and len(linear_grads) > 0
+    for name in linear_grads:
+        torch.testing.assert_close(linear_grads[name], reference_grads[name], rtol=1e-4, atol=1e-6)
