@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from mrl.config import Sandbox, UserError
 
 __all__ = ["SandboxLimits", "TestOutcome", "SandboxResult", "SandboxUnavailable", "run_tests", "run_tests_many",
-           "check_sandbox", "SANDBOXES", "SAFE_FUNCS", "RUNNER"]
+           "check_sandbox", "sandbox_name", "SANDBOXES", "SAFE_FUNCS", "RUNNER"]
 
 SANDBOXES = tuple(s.value for s in Sandbox)
 FILE_SIZE_LIMIT = 1 << 20  # RLIMIT_FSIZE for files the code writes inside its directory
@@ -781,7 +781,7 @@ def _bwrap_base() -> tuple[str, ...]:
 def check_sandbox(sandbox: str = "bwrap") -> None:
     """Raise SandboxUnavailable (one line: why, and the fix) unless `sandbox` (a name, or the config's enum) can run
     a program here; ValueError for an unknown name."""
-    _check_runs(_sandbox_name(sandbox))
+    _check_runs(sandbox_name(sandbox))
 
 
 @functools.lru_cache(maxsize=None)
@@ -814,8 +814,9 @@ def _validate(code: object, tests: object, limits: object) -> None:
             raise ValueError(f"SandboxLimits.{name} must be a positive finite number, got {value!r}")
 
 
-def _sandbox_name(sandbox: object) -> str:
-    name = getattr(sandbox, "value", sandbox)  # the config's enum, or a str
+def sandbox_name(sandbox: object) -> str:
+    """The sandbox's name from a name or the config's enum (rewards.sandbox); ValueError for an unknown one."""
+    name = getattr(sandbox, "value", sandbox)
     if name not in SANDBOXES:
         raise ValueError(f"sandbox must be one of {SANDBOXES}, got {sandbox!r}")
     return name
@@ -925,7 +926,7 @@ def run_tests(code: str, tests: list, limits: SandboxLimits = SandboxLimits(),
     that cannot start raises SandboxUnavailable; failing to start a process at all (OSError) propagates.
     """
     _validate(code, tests, limits)
-    sandbox = _sandbox_name(sandbox)
+    sandbox = sandbox_name(sandbox)
     _check_runs(sandbox)
     return _run(code, list(tests), limits, sandbox)
 
@@ -1045,7 +1046,7 @@ def run_tests_many(items: list[tuple[str, list]], limits: SandboxLimits = Sandbo
         _validate(item[0], item[1], limits)
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
-    sandbox = _sandbox_name(sandbox)
+    sandbox = sandbox_name(sandbox)
     if not items:
         return []
     _check_runs(sandbox)  # once, here, rather than in each thread

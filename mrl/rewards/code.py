@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from mrl.episode import Episode
-from mrl.sandbox import SandboxLimits, SandboxResult, check_sandbox, run_tests_many
+from mrl.sandbox import SandboxLimits, SandboxResult, check_sandbox, run_tests_many, sandbox_name
 from mrl.tasks.code import is_empty, program
 
 
@@ -56,7 +56,7 @@ class _SandboxChannel:
 
     def __init__(self, cpu_seconds: float = 1.0, wall_seconds: float = 3.0, memory_mb: int = 256, workers: int = 2,
                  sandbox: str = "bwrap"):
-        sandbox = str(getattr(sandbox, "value", sandbox))  # rewards.sandbox arrives as the config's enum
+        sandbox = sandbox_name(sandbox)  # rewards.sandbox arrives as the config's enum: one cache key for both
         check_sandbox(sandbox)  # at the channel's construction: a run without bwrap stops before it starts
         self.runs = _runs(cpu_seconds, wall_seconds, memory_mb, workers, sandbox)
 
