@@ -237,8 +237,9 @@ class TrainerConfig:
 class RolloutConfig:
     """How rollouts are generated: an engine from the registry in mrl/rollout.py (ROLLOUT_ENGINES)."""
 
-    # hf: mrl's turn loop over HF generate on the training module itself.  (A vLLM engine: see the README.)
-    engine: str = "hf"
+    # mrl's turn loop on the training module itself, each turn decoded by: native = mrl's own decoder (Llama, Qwen2,
+    # Qwen3, Mistral), hf = HF generate, auto = native where it runs the model, else hf.  (vLLM: see the README.)
+    engine: str = "auto"
 
 
 @dataclass

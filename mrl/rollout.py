@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mrl.config import UserError
+from mrl.decoder import NativeDecoder, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
@@ -117,6 +119,22 @@ class Sampling:
         return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id,
                                 use_cache=True, **drawn)
 
+    def warpers(self):
+        """What HF generate does to the next token's logits before drawing it, for these settings (its own
+        warper classes, in its order); None when greedy."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        if self.greedy:
+            return None
+        warpers = LogitsProcessorList()
+        if self.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k != 0:
+            warpers.append(TopKLogitsWarper(self.top_k))
+        if self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.top_p))
+        return warpers
+
 
 @contextmanager
 def own_generation_config(model):
@@ -183,10 +201,34 @@ def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tenso
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
 
 
+def hf_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, sampling: Sampling, budget: int,
+              stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+    """One turn's tokens by HF `generate`: `input_ids` [A, L] (left-padded, `cache` holding their first positions,
+    or None) continued by at most `budget` tokens, ending at `stop_ids` or `criteria` -> [A, L + n], ended rows
+    padded with `pad_id`."""
+    with own_generation_config(model):
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                              generation_config=sampling.generation_config(budget, stop_ids, pad_id),
+                              stopping_criteria=[criteria] if criteria is not None else None,
+                              **{cache_kwarg(model): cache})
+
+
+def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, sampling: Sampling, budget: int,
+                  stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+    """`hf_decode`'s contract, by mrl's native decoder (mrl/decoder.py): the same tokens for the same seed, with
+    less Python per token.  Llama-family models only (mrl.decoder.unsupported)."""
+    return NativeDecoder(model)(input_ids, attention_mask, cache, budget, sampling.warpers(), stop_ids, pad_id,
+                                criteria)
+
+
+Decode = Callable[[Any, Tensor, Tensor, Any, Sampling, int, list[int], int, Any], Tensor]  # hf_decode's signature
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling: Sampling,
-             protocol: ToolProtocol, device: torch.device) -> Rollouts:
-    """Sample `group_size` episodes per prompt with HF `generate` (KV cache), turn by turn, token-in/token-out.
+             protocol: ToolProtocol, device: torch.device, decode: Decode = hf_decode) -> Rollouts:
+    """Sample `group_size` episodes per prompt (KV cache), turn by turn, token-in/token-out; `decode` draws each
+    turn's tokens (HF `generate`, or mrl's native decoder).
 
     A turn ends at an end-of-turn token, at the protocol's stop strings (a tool call, an answer word), or at the
     policy's budget (`max_new_tokens` generated tokens per episode, all turns together).  The protocol reads the
@@ -216,12 +258,9 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
         input_ids = torch.cat([shared_ids[groups], so_far], 1)  # [A, P + C]
         attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
         budget = max(budget_of - sum(masks[n]) for n in active)
-        criteria = [StopStrings(tokenizer, stops, input_ids.shape[1])] if stops.by_text else None
-        with own_generation_config(model):
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                    generation_config=sampling.generation_config(budget, stop_ids,
-                                                                                 tokenizer.pad_token_id),
-                                    stopping_criteria=criteria, **{cache_kwarg(model): _rows_of(shared, groups)})
+        criteria = StopStrings(tokenizer, stops, input_ids.shape[1]) if stops.by_text else None
+        output = decode(model, input_ids, attention_mask, _rows_of(shared, groups), sampling, budget, stop_ids,
+                        tokenizer.pad_token_id, criteria)
         still_active = []
         for row, n in enumerate(active):
             new = output[row, input_ids.shape[1]:].tolist()[: budget_of - sum(masks[n])]
@@ -280,16 +319,18 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """`generate` above: mrl's own turn loop over HF `generate`, on the live training module (a shared prompt KV
-    cache per group).  Nothing to sync: it samples from the weights the optimizer just stepped."""
+    """`generate` above: mrl's own turn loop on the live training module (a shared prompt KV cache per group), each
+    turn decoded by HF `generate` or, given `native_decode`, by mrl's native decoder.  Nothing to sync: it samples
+    from the weights the optimizer just stepped."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device):
-        self.model, self.tokenizer, self.device = model, tokenizer, device
+    def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, decode: Decode = hf_decode):
+        self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
 
     def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
                  protocol: ToolProtocol) -> Rollouts:
         self.model.eval()  # the update leaves it in train mode (gradient checkpointing, dropout)
-        return generate(self.model, self.tokenizer, prompts, group_size, sampling, protocol, self.device)
+        return generate(self.model, self.tokenizer, prompts, group_size, sampling, protocol, self.device,
+                        self.decode)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         pass
@@ -297,8 +338,23 @@ class HFEngine:
 
 # rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live
 # policy, so an engine holding its own copy of the weights starts from the run's (a resume's included).
+def native_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
+    reason = unsupported(policy)
+    if reason is not None:
+        raise UserError(f"rollout.engine=native: mrl's native decoder cannot run this model ({reason}); "
+                        "use rollout.engine=auto or hf")
+    return HFEngine(policy, tokenizer, device, native_decode)
+
+
+def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
+    """The native decoder where it runs the model, else HF generate."""
+    return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else native_decode)
+
+
 ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], RolloutEngine]] = {
     "hf": lambda cfg, policy, tokenizer, device: HFEngine(policy, tokenizer, device),
+    "native": native_engine,
+    "auto": auto_engine,
 }
 
 

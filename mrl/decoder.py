@@ -1,0 +1,149 @@
+"""mrl's native sampling loop for Llama-family decoders: the decoder's own modules, driven without HF `generate`.
+
+HF `generate` and the model's forward spend most of a small model's decode step in Python (logits processors,
+stopping criteria, cache and mask bookkeeping, output dataclasses), not in arithmetic.  `NativeDecoder` runs the same
+layers (the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every
+rope scaling apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own
+sampling warpers, and returns what `model.generate` returns: the input ids followed by the sampled ones, finished
+rows padded.  With the same seed it draws the same tokens as HF `generate` (tested).
+
+Families whose decoder layer is norm -> attention (rotary, grouped-query, full causal) -> norm -> MLP: Llama
+(SmolLM2), Qwen2, Qwen3 (with its per-head q/k norms) and Mistral without a sliding window.  Anything else, a
+sliding-window layer included, gets a one-line reason from `unsupported` and is left to HF `generate`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mrl.models import hf_model
+from mrl.precision import autocast_of
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def unsupported(model) -> str | None:
+    """Why `NativeDecoder` cannot run `model`, in one line; None when it can."""
+    config = hf_model(model).config
+    if config.model_type not in FAMILIES:
+        return f"model_type {config.model_type!r} is not one of {', '.join(FAMILIES)}"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(kind != "full_attention" for kind in layer_types) or (
+            config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None):
+        return f"{config.model_type} with sliding-window attention layers"
+    return None
+
+
+class NativeDecoder:
+    """Samples continuations of a batch with a KV cache, as `model.generate` does (see the module's docstring)."""
+
+    def __init__(self, model):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"the native decoder cannot run this model: {reason}")
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.owner = model  # carries the autocast of mrl.precision.compute_in, if any
+        self.model = hf_model(model)
+        self.decoder = self.model.model  # embed_tokens, layers, norm, rotary_emb
+        self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, budget: int, warp: Callable | None,
+                 stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
+        """Continue `input_ids` [A, L] (left-padded; `attention_mask` [A, L]) by at most `budget` tokens.
+
+        `cache`: an HF cache holding the first C < L positions of every row (the shared prompt), or None.  `warp`:
+        a logits processor (HF's warpers) before sampling, or None for the most likely token.  A row ends at a token
+        of `stop_ids` or when `criteria(ids [A, L'], scores [A, V]) -> [A] bool` says so; later tokens are `pad_id`.
+        Returns [A, L + n], n <= budget: the loop stops when every row has ended.
+        """
+        rows, width = input_ids.shape
+        device = input_ids.device
+        start = 0 if cache is None else cache.get_seq_length()
+        buffers = KVBuffers(cache, width + budget)
+        allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # keys each row attends to
+        allowed[:, :width] = attention_mask.bool()
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [A, L], as prompt_cache and policy_forward
+        stops = torch.tensor(stop_ids, device=device)
+        unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
+        with autocast_of(self.owner):
+            for _ in range(budget):
+                hidden = self._forward(step_ids, step_positions, allowed, start, buffers)  # [A, H]
+                scores = self.model.lm_head(hidden).float()  # [A, V]
+                if warp is not None:
+                    scores = warp(ids, scores)
+                    token = torch.multinomial(scores.softmax(-1), 1).squeeze(1)
+                else:
+                    token = scores.argmax(-1)
+                token = torch.where(unfinished, token, pad_id)
+                ids = torch.cat([ids, token[:, None]], 1)
+                unfinished &= ~torch.isin(token, stops)
+                if criteria is not None:
+                    unfinished &= ~criteria(ids, scores)
+                if not unfinished.any():
+                    break
+                start += step_ids.shape[1]
+                allowed[:, start] = True
+                step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
+        return ids
+
+    def _forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
+        """The decoder on positions start .. start+n-1 (ids, positions [A, n]), their keys and values written into
+        `buffers`; `allowed` [A, S]: the keys each row may attend to.  -> the last position's final hidden state
+        [A, H]."""
+        rows, n = ids.shape
+        end = start + n
+        # [A, 1, n, end]: a query sees the keys its row allows up to itself, and always itself: a left-padding
+        # query allows nothing else, and a query that attends to nothing is NaN in some SDPA kernels (a zero in
+        # CPU's), which would reach the later layers' keys.
+        query = start + torch.arange(n, device=ids.device)[:, None]  # [n, 1]
+        key = torch.arange(end, device=ids.device)  # [end]
+        mask = (allowed[:, None, None, :end] & (key <= query)) | (key == query)
+        hidden = self.decoder.embed_tokens(ids)
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        for i, layer in enumerate(self.decoder.layers):
+            attention = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            heads = (rows, n, -1, attention.head_dim)
+            q, k = attention.q_proj(x).view(heads), attention.k_proj(x).view(heads)
+            if hasattr(attention, "q_norm"):  # Qwen3: an RMS norm per head, before the rotation
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            keys, values = buffers.write(i, start, k, attention.v_proj(x).view(heads).transpose(1, 2))
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attention.scaling,
+                                                 enable_gqa=True)
+            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(rows, n, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.decoder.norm(hidden[:, -1])
+
+
+class KVBuffers:
+    """Per layer, keys and values [A, KV heads, size, head dim], preallocated at a layer's first write in the dtype
+    of what is written (HF's cache holds the same), with the shared prompt's cached positions copied in front."""
+
+    def __init__(self, cache, size: int):
+        self.cache, self.size = cache, size
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+
+    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v [A, KV heads, n, head dim] at positions start..start+n-1 -> this layer's keys and values
+        [A, KV heads, start+n, head dim]."""
+        if layer == len(self.keys):
+            rows, heads, _, dim = k.shape
+            self.keys.append(k.new_empty(rows, heads, self.size, dim))
+            self.values.append(v.new_empty(rows, heads, self.size, dim))
+            if self.cache is not None:
+                cached = self.cache.layers[layer]
+                self.keys[layer][:, :, :start] = cached.keys
+                self.values[layer][:, :, :start] = cached.values
+        end = start + k.shape[2]
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
