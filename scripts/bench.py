@@ -1,6 +1,6 @@
 """make bench: mrl against TRL's GRPOTrainer, step for step, side by side in one run.
 
-    python scripts/bench.py [--shapes tiny,smollm2] [--steps N] [--threads 1] [--dry-run]
+    python scripts/bench.py [--shapes tiny,smollm2] [--steps N] [--threads 1] [--mrl-engine auto|native|hf] [--dry-run]
 
 Both trainers train the same model on the same prompts (math_length's built-in generator, in order), with the same
 group size, completion budget, sampling (temperature 1, no top-p/top-k), reward channel (`correctness`, mrl's own
@@ -69,25 +69,26 @@ SHAPES = {
 }
 
 
-def mrl_overrides(shape: Shape, steps: int) -> list[str]:
+def mrl_overrides(shape: Shape, steps: int, engine: str = "auto") -> list[str]:
     """The `mrl train` overrides for `shape`: GRPO on math_length's correctness channel alone, one optimizer step per
-    batch (one epoch, one mini-batch, one micro-batch of P x G rows), no KL, no logger, no checkpoint before the end."""
-    return [*shape.model, "algo=grpo", "rewards=math_length", "~rewards.channels.length", "logger=none",
-            "trainer.device=cpu", f"trainer.max_steps={steps}", f"trainer.save_every={steps}",
+    batch (one epoch, one mini-batch, one micro-batch of P x G rows), no KL, no logger, no checkpoint before the end;
+    rollouts from `rollout.engine=engine`."""
+    return [*shape.model, f"rollout.engine={engine}", "algo=grpo", "rewards=math_length", "~rewards.channels.length",
+            "logger=none", "trainer.device=cpu", f"trainer.max_steps={steps}", f"trainer.save_every={steps}",
             f"trainer.prompts_per_step={shape.prompts}", f"trainer.group_size={shape.group}",
             f"trainer.max_new_tokens={shape.tokens}", f"trainer.micro_batch_size={shape.prompts * shape.group}",
             "trainer.num_mini_batches=1", f"trainer.lr={shape.lr}", "trainer.temperature=1.0", "trainer.top_p=1.0",
             "trainer.top_k=0", "algo.kl_coef=0.0", "algo.entropy_coef=0.0"]
 
 
-def mrl_config(shape: Shape, steps: int):
+def mrl_config(shape: Shape, steps: int, engine: str = "auto"):
     from hydra import compose, initialize_config_dir
 
     import mrl.config  # noqa: F401  registers the schemas
     from mrl.config import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=mrl_overrides(shape, steps))
+        return compose("train", overrides=mrl_overrides(shape, steps, engine))
 
 
 def trl_args(shape: Shape, steps: int, output_dir: str) -> dict[str, Any]:
@@ -187,13 +188,14 @@ def report(payload: dict[str, Any]) -> None:
 
 
 def run_mrl(shape: Shape, steps: int, hooks: Hooks,
-            phases: Callable[[str, Callable], Callable] | None = None) -> None:
-    """mrl's own `train(cfg)` on `shape`; `phases(name, fn)` wraps the loop's phase functions (bench_memory).
+            phases: Callable[[str, Callable], Callable] | None = None, engine: str = "auto") -> None:
+    """mrl's own `train(cfg)` on `shape` with `rollout.engine=engine`; `phases(name, fn)` wraps the loop's phase
+    functions (bench_memory).
 
     A step runs from the end of one `MetricsFile.log` to the end of the next: everything `train` does per step."""
     import mrl.loop
 
-    cfg = mrl_config(shape, steps)
+    cfg = mrl_config(shape, steps, engine)
     n = shape.prompts * shape.group
 
     class SyncedMetrics(mrl.loop.MetricsFile):
@@ -264,11 +266,14 @@ def run_trl(shape: Shape, steps: int, hooks: Hooks) -> None:
     trainer.train()
 
 
-def worker(framework: str, shape: Shape, steps: int, threads: int) -> None:
+def worker(framework: str, shape: Shape, steps: int, threads: int, engine: str) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    (run_mrl if framework == "mrl" else run_trl)(shape, steps, Hooks(steps))
+    if framework == "mrl":
+        run_mrl(shape, steps, Hooks(steps), engine=engine)
+    else:
+        run_trl(shape, steps, Hooks(steps))
 
 
 # ------------------------------------------------------------------------------------------------- the parent
@@ -318,10 +323,11 @@ class Worker:
         self.stderr.close()
 
 
-def bench_shape(shape: Shape, steps: int, threads: int, logs: Path) -> dict[str, Any]:
+def bench_shape(shape: Shape, steps: int, threads: int, logs: Path, engine: str = "auto") -> dict[str, Any]:
     """Warm-up + `steps` timed steps of each trainer, in turns; the medians and their ratios."""
     total = steps + 1
-    workers = {fw: Worker(fw, ["--shape", shape.name, "--steps", str(total), "--threads", str(threads)],
+    workers = {fw: Worker(fw, ["--shape", shape.name, "--steps", str(total), "--threads", str(threads),
+                               "--mrl-engine", engine],
                           logs / f"{shape.name}-{fw}.log", threads) for fw in FRAMEWORKS}
     got: dict[str, list[dict[str, Any]]] = {fw: [] for fw in FRAMEWORKS}
     try:
@@ -386,11 +392,13 @@ def main(argv: list[str] | None = None) -> None:
                         + ", ".join(f"{s.name} {s.steps}" for s in SHAPES.values()) + ")")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per trainer process")
     parser.add_argument("--dry-run", action="store_true", help="compose both trainers' configs and stop")
+    parser.add_argument("--mrl-engine", default="auto", choices=["auto", "native", "hf"],
+                        help="mrl's rollout.engine (default auto: the native decoder on these Llama models)")
     parser.add_argument("--worker", choices=["mrl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, SHAPES[args.shape], args.steps, args.threads)
+        return worker(args.worker, SHAPES[args.shape], args.steps, args.threads, args.mrl_engine)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps}: give at least one timed step")
     names = [s for s in args.shapes.split(",") if s]
@@ -406,13 +414,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("TRL is not installed: pip install -e '.[bench]' (trl==1.16.*)") from None
     logs = ROOT / "outputs" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"load average before: {load_average()} ({os.cpu_count()} cores), {args.threads} torch thread(s) each")
+    print(f"load average before: {load_average()} ({os.cpu_count()} cores), {args.threads} torch thread(s) each, "
+          f"mrl's rollout.engine={args.mrl_engine}")
     rows = []
     for shape in shapes:
         if shape.needs and not (ROOT / shape.needs).exists():
             print(f"{shape.name}: skipped, {shape.needs} does not exist (build it with `make smollm2`)")
             continue
-        rows.append(bench_shape(shape, args.steps or shape.steps, args.threads, logs))
+        rows.append(bench_shape(shape, args.steps or shape.steps, args.threads, logs, args.mrl_engine))
     print(f"load average after: {load_average()}")
     if rows:
         print(table(rows))

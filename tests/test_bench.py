@@ -38,6 +38,7 @@ def test_mrl_side_composes_as_the_shape_says(name):
     assert t.micro_batch_size == shape.prompts * shape.group and t.num_mini_batches == 1 and t.lr == shape.lr
     assert (cfg.algo.name, cfg.algo.epochs, cfg.algo.kl_coef, cfg.algo.loss_agg) == ("grpo", 1, 0.0, "seq_mean")
     assert list(cfg.rewards.channels) == ["correctness"] and cfg.logger.backend == "none"
+    assert cfg.rollout.engine == "auto" and bench.mrl_config(shape, 4, engine="hf").rollout.engine == "hf"
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
