@@ -14,12 +14,14 @@ sliding-window layer included, gets a one-line reason from `unsupported` and is 
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mrl.config import UserError
 from mrl.models import hf_model
 from mrl.precision import autocast_of
 
@@ -27,15 +29,32 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def unsupported(model) -> str | None:
-    """Why `NativeDecoder` cannot run `model`, in one line; None when it can."""
-    config = hf_model(model).config
+    """Why `NativeDecoder` cannot run `model`, in one line; None when it can (by its structure: `NativeDecoder`
+    also compares its logits with the model's own forward at its first use)."""
+    model = hf_model(model)
+    config = model.config
     if config.model_type not in FAMILIES:
         return f"model_type {config.model_type!r} is not one of {', '.join(FAMILIES)}"
+    if not type(model).__module__.startswith("transformers.models."):
+        return f"{type(model).__name__} is the checkpoint's own code (trust_remote_code), not transformers' class"
     layer_types = getattr(config, "layer_types", None) or ()
     if any(kind != "full_attention" for kind in layer_types) or (
             config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None):
         return f"{config.model_type} with sliding-window attention layers"
     return None
+
+
+_CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose forward NativeDecoder.check passed
+
+
+def native_decoder(model) -> "NativeDecoder":
+    """A decoder for `model`, checked against the model's own forward at the model's first use (during generation,
+    where ZeRO-3's weights are whole)."""
+    decoder = NativeDecoder(model)
+    if decoder.model not in _CHECKED:
+        decoder.check()
+        _CHECKED.add(decoder.model)
+    return decoder
 
 
 class NativeDecoder:
@@ -69,7 +88,7 @@ class NativeDecoder:
         allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # keys each row attends to
         allowed[:, :width] = attention_mask.bool()
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [A, L], as prompt_cache and policy_forward
-        stops = torch.tensor(stop_ids, device=device)
+        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
         with autocast_of(self.owner):
@@ -92,6 +111,25 @@ class NativeDecoder:
                 allowed[:, start] = True
                 step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
         return ids
+
+    @torch.no_grad()
+    def check(self) -> None:
+        """Refuse, in one line, a model whose own forward gives other next-token logits than this decoder (a variant
+        the structural checks of `unsupported` let through): 2 rows of 8 positions, one left-padded."""
+        ids = (torch.arange(3, 19, device=self.decoder.embed_tokens.weight.device) % self.model.config.vocab_size)
+        ids = ids.view(2, 8)
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with autocast_of(self.owner):
+            own = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+            hidden = self._forward(ids, positions, mask.bool(), 0, KVBuffers(None, ids.shape[1]))
+            mine = self.model.lm_head(hidden).float()
+        gap = (own - mine).abs().max().item()
+        if gap > 1e-2 * max(own.abs().max().item(), 1e-6):
+            raise UserError(f"model type {self.model.config.model_type!r}: mrl's native decoder computes other "
+                            f"logits than this model's forward (largest difference {gap:.3g}); set "
+                            "rollout.engine=hf to generate with HF generate")
 
     def _forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
         """The decoder on positions start .. start+n-1 (ids, positions [A, n]), their keys and values written into

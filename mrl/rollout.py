@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, unsupported
+from mrl.decoder import native_decoder, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
@@ -217,8 +217,8 @@ def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, sampl
                   stop_ids: list[int], pad_id: int, criteria) -> Tensor:
     """`hf_decode`'s contract, by mrl's native decoder (mrl/decoder.py): the same tokens for the same seed, with
     less Python per token.  Llama-family models only (mrl.decoder.unsupported)."""
-    return NativeDecoder(model)(input_ids, attention_mask, cache, budget, sampling.warpers(), stop_ids, pad_id,
-                                criteria)
+    return native_decoder(model)(input_ids, attention_mask, cache, budget, sampling.warpers(), stop_ids, pad_id,
+                                 criteria)
 
 
 Decode = Callable[[Any, Tensor, Tensor, Any, Sampling, int, list[int], int, Any], Tensor]  # hf_decode's signature

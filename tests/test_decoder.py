@@ -166,3 +166,28 @@ def test_what_the_native_decoder_cannot_run_is_named_and_left_to_hf(model, token
     assert ROLLOUT_ENGINES["auto"](None, gemma, tokenizer, CPU).decode is hf_decode
     assert ROLLOUT_ENGINES["auto"](None, model, tokenizer, CPU).decode is native_decode
     assert ROLLOUT_ENGINES["hf"](None, model, tokenizer, CPU).decode is hf_decode
+
+
+def test_a_model_whose_forward_differs_is_refused_at_first_use():
+    """A variant that passes the structural checks but computes other logits (here: a forward that scales them)
+    is refused in one line when the native decoder first meets it; a model class of a checkpoint's own code is not
+    taken at all."""
+    model = family_model("llama")
+    forward = model.forward
+
+    def scaled(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    model.forward = scaled
+    ids, mask = left_padded_batch()
+    with pytest.raises(UserError, match=r"model type 'llama': .*native decoder.* rollout.engine=hf"):
+        draw(native_decode, model, ids, mask, Sampling(4))
+
+    from transformers import LlamaForCausalLM
+
+    class RemoteLlama(LlamaForCausalLM):  # what trust_remote_code would load: the checkpoint's own class
+        pass
+
+    assert "RemoteLlama is the checkpoint's own code" in unsupported(RemoteLlama(family_model("llama").config))
