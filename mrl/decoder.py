@@ -9,7 +9,8 @@ rows padded.  With the same seed it draws the same tokens as HF `generate` (test
 
 Families whose decoder layer is norm -> attention (rotary, grouped-query, full causal) -> norm -> MLP: Llama
 (SmolLM2), Qwen2, Qwen3 (with its per-head q/k norms) and Mistral without a sliding window.  Anything else, a
-sliding-window layer included, gets a one-line reason from `unsupported` and is left to HF `generate`.
+sliding-window layer included, gets a one-line reason from `unsupported` (`rollout.engine=auto` then decodes with HF
+`generate`), and a model whose forward turns out to differ is refused at its first use (`NativeDecoder.check`).
 """
 
 from __future__ import annotations

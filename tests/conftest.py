@@ -63,3 +63,16 @@ def model(cfg):
     from mrl.models import load_causal_lm, resolve_model_path
 
     return load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu")).eval()
+
+
+def scale_logits(model, factor: float) -> None:
+    """Make `model`'s own forward return its logits times `factor`: a family whose forward transforms its logits in a
+    way mrl does not know, for the checks that must refuse it."""
+    forward = model.forward
+
+    def scaled(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * factor
+        return out
+
+    model.forward = scaled

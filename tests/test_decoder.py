@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import scale_logits
 
 from mrl.config import UserError
 from mrl.decoder import NativeDecoder, unsupported
@@ -173,14 +174,7 @@ def test_a_model_whose_forward_differs_is_refused_at_first_use():
     is refused in one line when the native decoder first meets it; a model class of a checkpoint's own code is not
     taken at all."""
     model = family_model("llama")
-    forward = model.forward
-
-    def scaled(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        out.logits = out.logits * 2
-        return out
-
-    model.forward = scaled
+    scale_logits(model, 2.0)
     ids, mask = left_padded_batch()
     with pytest.raises(UserError, match=r"model type 'llama': .*native decoder.* rollout.engine=hf"):
         draw(native_decode, model, ids, mask, Sampling(4))

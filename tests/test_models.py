@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import compose_config, scale_logits
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
@@ -208,14 +208,7 @@ def test_a_family_whose_forward_transforms_logits_unknown_to_mrl_is_refused_at_l
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     Actor(model).check_logits()  # llama's logits are the output layer's
-    forward = model.forward
-
-    def scaled(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        out.logits = out.logits * 3.0
-        return out
-
-    model.forward = scaled
+    scale_logits(model, 3.0)
     with pytest.raises(UserError, match=r"model type 'llama': its forward transforms the output layer's logits"):
         Actor(model).check_logits()
     assert model.training  # left in the mode it was in
