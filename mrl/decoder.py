@@ -19,10 +19,8 @@ import weakref
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from mrl.config import UserError
 from mrl.models import hf_model
 from mrl.precision import autocast_of
 
@@ -45,17 +43,16 @@ def unsupported(model) -> str | None:
     return None
 
 
-_CHECKED: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models whose forward NativeDecoder.check passed
+_VERDICTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 
 
-def native_decoder(model) -> "NativeDecoder":
-    """A decoder for `model`, checked against the model's own forward at the model's first use (during generation,
-    where ZeRO-3's weights are whole)."""
-    decoder = NativeDecoder(model)
-    if decoder.model not in _CHECKED:
-        decoder.check()
-        _CHECKED.add(decoder.model)
-    return decoder
+def mismatch(model) -> str | None:
+    """Why `NativeDecoder` computes other next-token logits than `model`'s own forward, or None when they agree
+    (`NativeDecoder.check`, once per model, at its first use: during generation, where ZeRO-3's weights are whole)."""
+    model = hf_model(model)
+    if model not in _VERDICTS:
+        _VERDICTS[model] = NativeDecoder(model).check() or ""
+    return _VERDICTS[model] or None
 
 
 class NativeDecoder:
@@ -65,72 +62,82 @@ class NativeDecoder:
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"the native decoder cannot run this model: {reason}")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-        self.owner = model  # carries the autocast of mrl.precision.compute_in, if any
-        self.model = hf_model(model)
+        self.model = hf_model(model)  # carries the autocast of mrl.precision.compute_in, if any
         self.decoder = self.model.model  # embed_tokens, layers, norm, rotary_emb
         self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
+        self.attend = sdpa_attention_forward  # HF's own SDPA call: its kernel choice per device (GQA, masks)
 
     @torch.no_grad()
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, budget: int, warp: Callable | None,
-                 stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
+                 warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
         """Continue `input_ids` [A, L] (left-padded; `attention_mask` [A, L]) by at most `budget` tokens.
 
-        `cache`: an HF cache holding the first C < L positions of every row (the shared prompt), or None.  `warp`:
-        a logits processor (HF's warpers) before sampling, or None for the most likely token.  A row ends at a token
-        of `stop_ids` or when `criteria(ids [A, L'], scores [A, V]) -> [A] bool` says so; later tokens are `pad_id`.
-        Returns [A, L + n], n <= budget: the loop stops when every row has ended.
+        `cache`: an HF cache of B rows holding the first C < L positions, row `cache_rows[a]` being row a's (the
+        shared prompts), or None.  `warp`: a logits processor (HF's warpers) before sampling, or None for the most
+        likely token.  A row ends at a token of `stop_ids` or when `criteria(ids [A, L'], None) -> [A]` says so;
+        later tokens are `pad_id`.  Returns [A, L + n], 1 <= n <= budget: the loop stops when every row has ended.
         """
+        if budget < 1:
+            raise ValueError(f"budget={budget}: decode at least one token")
         rows, width = input_ids.shape
         device = input_ids.device
         start = 0 if cache is None else cache.get_seq_length()
-        buffers = KVBuffers(cache, width + budget)
-        allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # keys each row attends to
+        buffers = KVBuffers(cache if start else None, cache_rows, width + budget)
+        allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # the keys each row attends to
         allowed[:, :width] = attention_mask.bool()
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [A, L], as prompt_cache and policy_forward
         stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
-        with autocast_of(self.owner):
-            for _ in range(budget):
+        for _ in range(budget):
+            with autocast_of(self.model):
                 hidden = self._forward(step_ids, step_positions, allowed, start, buffers)  # [A, H]
-                scores = self.model.lm_head(hidden).float()  # [A, V]
-                if warp is not None:
-                    scores = warp(ids, scores)
-                    token = torch.multinomial(scores.softmax(-1), 1).squeeze(1)
-                else:
-                    token = scores.argmax(-1)
-                token = torch.where(unfinished, token, pad_id)
-                ids = torch.cat([ids, token[:, None]], 1)
-                unfinished &= ~torch.isin(token, stops)
-                if criteria is not None:
-                    unfinished &= ~criteria(ids, scores)
-                if not unfinished.any():
-                    break
-                start += step_ids.shape[1]
-                allowed[:, start] = True
-                step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
+                scores = self.model.lm_head(hidden)
+            scores = scores.float()  # [A, V]
+            if warp is not None:
+                scores = warp(ids, scores)
+                token = torch.multinomial(scores.softmax(-1), 1).squeeze(1)
+            else:
+                token = scores.argmax(-1)
+            token = torch.where(unfinished, token, pad_id)
+            ids = torch.cat([ids, token[:, None]], 1)
+            unfinished &= ~torch.isin(token, stops)
+            if criteria is not None:
+                unfinished &= ~criteria(ids, None).bool()
+            if not unfinished.any():
+                break
+            start += step_ids.shape[1]
+            allowed[:, start] = True
+            step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
         return ids
 
     @torch.no_grad()
-    def check(self) -> None:
-        """Refuse, in one line, a model whose own forward gives other next-token logits than this decoder (a variant
-        the structural checks of `unsupported` let through): 2 rows of 8 positions, one left-padded."""
+    def check(self) -> str | None:
+        """Why this decoder's next-token logits differ from the model's own forward (a variant the structural checks
+        of `unsupported` let through), in one line; None when they agree.  2 rows of 8 positions, one left-padded,
+        in eval mode (no dropout)."""
         ids = (torch.arange(3, 19, device=self.decoder.embed_tokens.weight.device) % self.model.config.vocab_size)
         ids = ids.view(2, 8)
         mask = torch.ones_like(ids)
         mask[0, :3] = 0
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        with autocast_of(self.owner):
-            own = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
-            hidden = self._forward(ids, positions, mask.bool(), 0, KVBuffers(None, ids.shape[1]))
-            mine = self.model.lm_head(hidden).float()
+        training = self.model.training
+        self.model.eval()
+        try:
+            with autocast_of(self.model):
+                own = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+                hidden = self._forward(ids, positions, mask.bool(), 0, KVBuffers(None, None, ids.shape[1]))
+                mine = self.model.lm_head(hidden).float()
+        finally:
+            self.model.train(training)
         gap = (own - mine).abs().max().item()
         if gap > 1e-2 * max(own.abs().max().item(), 1e-6):
-            raise UserError(f"model type {self.model.config.model_type!r}: mrl's native decoder computes other "
-                            f"logits than this model's forward (largest difference {gap:.3g}); set "
-                            "rollout.engine=hf to generate with HF generate")
+            return (f"model type {self.model.config.model_type!r}: mrl's native decoder computes other logits than "
+                    f"this model's forward (largest difference {gap:.3g})")
+        return None
 
     def _forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
         """The decoder on positions start .. start+n-1 (ids, positions [A, n]), their keys and values written into
@@ -155,19 +162,19 @@ class NativeDecoder:
                 q, k = attention.q_norm(q), attention.k_norm(k)
             q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             keys, values = buffers.write(i, start, k, attention.v_proj(x).view(heads).transpose(1, 2))
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attention.scaling,
-                                                 enable_gqa=True)
-            hidden = hidden + attention.o_proj(out.transpose(1, 2).reshape(rows, n, -1))
+            out, _ = self.attend(attention, q, keys, values, mask, scaling=attention.scaling)  # [A, n, heads, D]
+            hidden = hidden + attention.o_proj(out.reshape(rows, n, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.decoder.norm(hidden[:, -1])
 
 
 class KVBuffers:
     """Per layer, keys and values [A, KV heads, size, head dim], preallocated at a layer's first write in the dtype
-    of what is written (HF's cache holds the same), with the shared prompt's cached positions copied in front."""
+    of what is written (HF's cache holds the same), with the cached prefix of each row (`cache` row `cache_rows[a]`)
+    copied in front: the shared prompts are copied once, into the buffers, not first into a cache per row."""
 
-    def __init__(self, cache, size: int):
-        self.cache, self.size = cache, size
+    def __init__(self, cache, cache_rows: Tensor | None, size: int):
+        self.cache, self.cache_rows, self.size = cache, cache_rows, size
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
 
@@ -180,8 +187,8 @@ class KVBuffers:
             self.values.append(v.new_empty(rows, heads, self.size, dim))
             if self.cache is not None:
                 cached = self.cache.layers[layer]
-                self.keys[layer][:, :, :start] = cached.keys
-                self.values[layer][:, :, :start] = cached.values
+                self.keys[layer][:, :, :start] = cached.keys[self.cache_rows]
+                self.values[layer][:, :, :start] = cached.values[self.cache_rows]
         end = start + k.shape[2]
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v

@@ -8,6 +8,7 @@ prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t
 from __future__ import annotations
 
 import copy
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Protocol
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.config import UserError
-from mrl.decoder import native_decoder, unsupported
+from mrl.decoder import NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
+from mrl.rundir import warn
 
 
 @dataclass
@@ -201,27 +203,46 @@ def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tenso
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
 
 
-def hf_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, sampling: Sampling, budget: int,
-              stop_ids: list[int], pad_id: int, criteria) -> Tensor:
-    """One turn's tokens by HF `generate`: `input_ids` [A, L] (left-padded, `cache` holding their first positions,
-    or None) continued by at most `budget` tokens, ending at `stop_ids` or `criteria` -> [A, L + n], ended rows
-    padded with `pad_id`."""
+def hf_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, sampling: Sampling,
+              budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+    """One turn's tokens by HF `generate`: `input_ids` [A, L] (left-padded; `cache` holding the first positions of
+    each row in its row `cache_rows[a]`, or None) continued by at most `budget` tokens, ending at `stop_ids` or
+    `criteria` -> [A, L + n], ended rows padded with `pad_id`."""
     with own_generation_config(model):
         return model.generate(input_ids=input_ids, attention_mask=attention_mask,
                               generation_config=sampling.generation_config(budget, stop_ids, pad_id),
                               stopping_criteria=[criteria] if criteria is not None else None,
-                              **{cache_kwarg(model): cache})
+                              **{cache_kwarg(model): _rows_of(cache, cache_rows)})
 
 
-def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, sampling: Sampling, budget: int,
-                  stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
+                  sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
     """`hf_decode`'s contract, by mrl's native decoder (mrl/decoder.py): the same tokens for the same seed, with
-    less Python per token.  Llama-family models only (mrl.decoder.unsupported)."""
-    return native_decoder(model)(input_ids, attention_mask, cache, budget, sampling.warpers(), stop_ids, pad_id,
-                                 criteria)
+    less Python per token.  Llama-family models only (mrl.decoder.unsupported); one whose logits turn out to differ
+    from its forward's (mrl.decoder.mismatch) is refused."""
+    reason = mismatch(model)
+    if reason is not None:
+        raise UserError(f"{reason}; set rollout.engine=hf to generate with HF generate")
+    return NativeDecoder(model)(input_ids, attention_mask, cache, cache_rows, budget, sampling.warpers(), stop_ids,
+                                pad_id, criteria)
 
 
-Decode = Callable[[Any, Tensor, Tensor, Any, Sampling, int, list[int], int, Any], Tensor]  # hf_decode's signature
+_TOLD: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models auto_decode said it leaves to HF generate
+
+
+def auto_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
+                sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+    """`native_decode` where mrl's native decoder computes the model's own logits (mrl.decoder.mismatch), else
+    `hf_decode` (said once per model, on stderr)."""
+    reason = mismatch(model)
+    if reason is not None and hf_model(model) not in _TOLD:
+        _TOLD.add(hf_model(model))
+        warn(f"rollout.engine=auto: {reason}; generating with HF generate instead")
+    decode = native_decode if reason is None else hf_decode
+    return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
+
+
+Decode = Callable[[Any, Tensor, Tensor, Any, Tensor | None, Sampling, int, list[int], int, Any], Tensor]
 
 
 @torch.no_grad()
@@ -259,7 +280,7 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
         attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
         budget = max(budget_of - sum(masks[n]) for n in active)
         criteria = StopStrings(tokenizer, stops, input_ids.shape[1]) if stops.by_text else None
-        output = decode(model, input_ids, attention_mask, _rows_of(shared, groups), sampling, budget, stop_ids,
+        output = decode(model, input_ids, attention_mask, shared, groups, sampling, budget, stop_ids,
                         tokenizer.pad_token_id, criteria)
         still_active = []
         for row, n in enumerate(active):
@@ -347,8 +368,9 @@ def native_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device)
 
 
 def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
-    """The native decoder where it runs the model, else HF generate."""
-    return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else native_decode)
+    """The native decoder where it runs the model (its structure, then its logits at the first use), else HF
+    generate."""
+    return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], RolloutEngine]] = {

@@ -13,7 +13,7 @@ from mrl.decoder import NativeDecoder, unsupported
 from mrl.episode import Prompt
 from mrl.models import empty_cache
 from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import ROLLOUT_ENGINES, Sampling, generate, hf_decode, native_decode, position_ids
+from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, position_ids
 
 CPU = torch.device("cpu")
 PAD, STOP = 0, 1
@@ -21,7 +21,7 @@ TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "co
 
 
 def family_model(kind: str, **extra):
-    """A random-init 2-layer model of family `kind` with a 40-token vocabulary."""
+    """A random-init 2-layer model of family `kind` with a 40-token vocabulary (head_dim 16, not hidden / heads)."""
     import transformers
 
     configs = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
@@ -31,7 +31,7 @@ def family_model(kind: str, **extra):
               "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
               "gemma": transformers.GemmaForCausalLM}
     settings = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=8, max_position_embeddings=128, pad_token_id=PAD,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, pad_token_id=PAD,
                     eos_token_id=STOP)
     if kind == "mistral":
         settings["sliding_window"] = None
@@ -40,62 +40,87 @@ def family_model(kind: str, **extra):
     return models[kind](configs[kind](**settings)).eval()
 
 
-def left_padded_batch(rows: int = 12, width: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, width] random ids, the first rows left-padded by 1..3 positions."""
+def grouped_batch(groups: int = 6, group_size: int = 2, width: int = 7, suffix: int = 2):
+    """Rows as the turn loop builds them: `groups` distinct prompts of `width` (the first three left-padded by 3, 2
+    and 1), each repeated `group_size` times, then `suffix` tokens of each row's own.  -> ids, mask [A, width +
+    suffix], prompt_rows [A] (each row's prompt)."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(2, 40, (rows, width), generator=g)
-    mask = torch.ones_like(ids)
+    prompts = torch.randint(2, 40, (groups, width), generator=g)
+    prompt_mask = torch.ones_like(prompts)
     for row, pad in enumerate((3, 2, 1)):
-        ids[row, :pad], mask[row, :pad] = PAD, 0
-    return ids, mask
+        prompts[row, :pad], prompt_mask[row, :pad] = PAD, 0
+    prompt_rows = torch.arange(groups * group_size) // group_size
+    ids = torch.cat([prompts[prompt_rows], torch.randint(2, 40, (len(prompt_rows), suffix), generator=g)], 1)
+    mask = torch.cat([prompt_mask[prompt_rows], torch.ones(len(prompt_rows), suffix, dtype=torch.long)], 1)
+    return ids, mask, prompt_rows
 
 
-def draw(decode, model, ids, mask, sampling: Sampling, budget: int = 12, cached: int = 0, seed: int = 0):
-    """`decode`'s tokens for a batch, its first `cached` positions given as a KV cache (as `generate` gives the
-    shared prompt's)."""
-    cache = None
+def draw(decode, model, sampling: Sampling, batch=None, budget: int = 12, cached: int = 0, seed: int = 0):
+    """`decode`'s tokens for `batch` (grouped_batch()), the first `cached` positions of each distinct prompt given
+    as one shared KV cache row (as `generate` gives the shared prompts')."""
+    ids, mask, prompt_rows = batch if batch is not None else grouped_batch()
+    cache = cache_rows = None
     if cached:
-        cache = empty_cache(model)
+        distinct = [int((prompt_rows == p).nonzero()[0]) for p in prompt_rows.unique()]  # each prompt's first row
+        cache, cache_rows = empty_cache(model), prompt_rows
+        prefix, prefix_mask = ids[distinct, :cached], mask[distinct, :cached]
         with torch.no_grad():
-            model(input_ids=ids[:, :cached], attention_mask=mask[:, :cached],
-                  position_ids=position_ids(mask[:, :cached]), use_cache=True, cache=cache)
+            model(input_ids=prefix, attention_mask=prefix_mask, position_ids=position_ids(prefix_mask),
+                  use_cache=True, cache=cache)
     torch.manual_seed(seed)
-    return decode(model, ids, mask, cache, sampling, budget, [STOP], PAD, None)
+    return decode(model, ids, mask, cache, cache_rows, sampling, budget, [STOP], PAD, None)
+
+
+def ended_early(out: torch.Tensor, width: int) -> int:
+    """Rows of `out` that drew STOP before their last column (HF then pads them: compared by the equality)."""
+    return sum(STOP in row[:-1] for row in out[:, width:].tolist())
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
 @pytest.mark.parametrize("cached", [0, 5])
 def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
-    """Same seed, same tokens, row for row: left padding, a cached prefix, temperature, top-k and top-p; and rows
-    that stop early are padded as HF pads them.  A differing draw would show at the first differing logit."""
+    """Same seed, same tokens, row for row: left padding, groups sharing a cached prompt prefix, temperature, top-k
+    and top-p; and rows that stop early are padded as HF pads them.  A differing draw would show at the first
+    differing logit."""
     model = family_model(kind)
-    ids, mask = left_padded_batch()
     sampling = Sampling(12, temperature=0.8, top_k=30, top_p=0.95)
-    hf = draw(hf_decode, model, ids, mask, sampling, cached=cached)
-    native = draw(native_decode, model, ids, mask, sampling, cached=cached)
+    hf = draw(hf_decode, model, sampling, cached=cached)
+    native = draw(native_decode, model, sampling, cached=cached)
     assert torch.equal(native, hf)
-    new = hf[:, ids.shape[1]:]
-    assert (new == STOP).any() and (new == PAD).any()  # some rows ended early: the padding after them was compared
-    assert not torch.equal(draw(native_decode, model, ids, mask, sampling, seed=1), native)  # the draw is random
+    assert ended_early(hf, grouped_batch()[0].shape[1]) > 0
+    assert not torch.equal(draw(native_decode, model, sampling, cached=cached, seed=1), native)  # a random draw
+
+
+@pytest.mark.parametrize("variant", [
+    {"attention_bias": True, "mlp_bias": True, "tie_word_embeddings": False},
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8}},
+    {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"num_key_value_heads": 4},  # no grouped-query attention
+    {"num_key_value_heads": 1},
+    {"attn_implementation": "eager"},
+], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager"])
+def test_llama_variants_draw_the_same_tokens(variant):
+    model = family_model("llama", **variant)
+    sampling = Sampling(12, temperature=0.9)
+    assert torch.equal(draw(native_decode, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
 
 
 def test_greedy_native_decode_is_hf_greedy():
     model = family_model("qwen3")
-    ids, mask = left_padded_batch()
     sampling = Sampling(12, greedy=True)
-    assert torch.equal(draw(native_decode, model, ids, mask, sampling, cached=4),
-                       draw(hf_decode, model, ids, mask, sampling, cached=4))
+    assert torch.equal(draw(native_decode, model, sampling, cached=4), draw(hf_decode, model, sampling, cached=4))
 
 
 def test_native_decode_stops_where_a_criterion_says():
     """A stopping criterion (the protocol's stop strings) ends a row at that token, as in HF generate."""
     model = family_model("llama")
-    ids, mask = left_padded_batch()
+    ids, mask, _ = grouped_batch()
     stop_at_seven = lambda ids, scores: ids[:, -1] == 7  # noqa: E731
     outs = []
     for decode in (hf_decode, native_decode):
         torch.manual_seed(0)
-        outs.append(decode(model, ids, mask, None, Sampling(12), 12, [STOP], PAD, stop_at_seven))
+        outs.append(decode(model, ids, mask, None, None, Sampling(12), 12, [STOP], PAD, stop_at_seven))
     assert torch.equal(outs[0], outs[1])
     new = outs[1][:, ids.shape[1]:].tolist()
     stopped = [row for row in new if 7 in row and row.index(7) < len(row) - 1]
@@ -123,32 +148,31 @@ def test_adapters_act_in_native_decode():
     model, and differ from the base model's."""
     from peft import LoraConfig, get_peft_model
 
-    base_tokens = draw(native_decode, family_model("llama"), *left_padded_batch(), Sampling(12, greedy=True))
+    greedy = Sampling(12, greedy=True)
+    base_tokens = draw(native_decode, family_model("llama"), greedy)
     peft_model = get_peft_model(family_model("llama"), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     torch.manual_seed(3)
     for name, param in peft_model.named_parameters():
         if "lora_B" in name:
             param.data.normal_(0, 0.5)  # adapters that change the model (lora_B starts at zero)
     peft_model.eval()
-    ids, mask = left_padded_batch()
-    for sampling in (Sampling(12, greedy=True), Sampling(12)):
-        native = draw(native_decode, peft_model, ids, mask, sampling, cached=3)
-        assert torch.equal(native, draw(hf_decode, peft_model.get_base_model(), ids, mask, sampling, cached=3))
-    assert not torch.equal(draw(native_decode, peft_model, ids, mask, Sampling(12, greedy=True)), base_tokens)
+    for sampling in (greedy, Sampling(12)):
+        native = draw(native_decode, peft_model, sampling, cached=3)
+        assert torch.equal(native, draw(hf_decode, peft_model.get_base_model(), sampling, cached=3))
+    assert not torch.equal(draw(native_decode, peft_model, greedy), base_tokens)
 
 
 def test_native_decode_computes_under_the_models_autocast():
     """A model wrapped by mrl.precision.compute_in (bf16 autocast) decodes under that autocast: its projections
-    compute in bf16, and its greedy tokens are HF generate's under the same autocast."""
+    compute in bf16, and its tokens are HF generate's under the same autocast, greedy and sampled, with a cache."""
     from mrl.precision import Precision, compute_in
 
     model = compute_in(family_model("llama"), Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
-    ids, mask = left_padded_batch()
-    sampling = Sampling(12, greedy=True)
-    assert torch.equal(draw(native_decode, model, ids, mask, sampling), draw(hf_decode, model, ids, mask, sampling))
+    for sampling in (Sampling(12, greedy=True), Sampling(12, temperature=0.9)):
+        assert torch.equal(draw(native_decode, model, sampling, cached=4), draw(hf_decode, model, sampling, cached=4))
     computed = []
     hook = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, out: computed.append(out.dtype))
-    draw(native_decode, model, ids, mask, sampling, budget=2)
+    draw(native_decode, model, Sampling(12, greedy=True), budget=2)
     hook.remove()
     assert computed == [torch.bfloat16] * 2
 
@@ -165,19 +189,25 @@ def test_what_the_native_decoder_cannot_run_is_named_and_left_to_hf(model, token
     with pytest.raises(UserError, match=r"rollout.engine=native: .*'gemma'.* use rollout.engine=auto or hf"):
         ROLLOUT_ENGINES["native"](None, gemma, tokenizer, CPU)
     assert ROLLOUT_ENGINES["auto"](None, gemma, tokenizer, CPU).decode is hf_decode
-    assert ROLLOUT_ENGINES["auto"](None, model, tokenizer, CPU).decode is native_decode
+    assert ROLLOUT_ENGINES["auto"](None, model, tokenizer, CPU).decode is auto_decode
     assert ROLLOUT_ENGINES["hf"](None, model, tokenizer, CPU).decode is hf_decode
 
 
-def test_a_model_whose_forward_differs_is_refused_at_first_use():
-    """A variant that passes the structural checks but computes other logits (here: a forward that scales them)
-    is refused in one line when the native decoder first meets it; a model class of a checkpoint's own code is not
-    taken at all."""
+def test_a_model_whose_forward_differs_is_refused_or_left_to_hf_at_first_use(capsys):
+    """A variant that passes the structural checks but computes other logits (here: a forward that scales them) is
+    refused in one line by `native` when the decoder first meets it, and left to HF generate by `auto` (said once);
+    a model class of a checkpoint's own code is not taken at all."""
     model = family_model("llama")
     scale_logits(model, 2.0)
-    ids, mask = left_padded_batch()
     with pytest.raises(UserError, match=r"model type 'llama': .*native decoder.* rollout.engine=hf"):
-        draw(native_decode, model, ids, mask, Sampling(4))
+        draw(native_decode, model, Sampling(4))
+    sampling = Sampling(12, temperature=0.9)
+    assert torch.equal(draw(auto_decode, model, sampling), draw(hf_decode, model, sampling))
+    draw(auto_decode, model, sampling)
+    told = capsys.readouterr().err
+    assert told.count("rollout.engine=auto: model type 'llama'") == 1 and "with HF generate instead" in told
+    assert torch.equal(draw(auto_decode, family_model("llama"), sampling),
+                       draw(native_decode, family_model("llama"), sampling))
 
     from transformers import LlamaForCausalLM
 
@@ -185,3 +215,10 @@ def test_a_model_whose_forward_differs_is_refused_at_first_use():
         pass
 
     assert "RemoteLlama is the checkpoint's own code" in unsupported(RemoteLlama(family_model("llama").config))
+
+
+def test_the_check_runs_in_eval_mode_and_restores_the_mode():
+    """Dropout would make the model's forward differ from itself: the check compares in eval mode."""
+    model = family_model("llama", attention_dropout=0.5)
+    model.train()
+    assert NativeDecoder(model).check() is None and model.training
