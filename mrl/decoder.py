@@ -70,7 +70,6 @@ class NativeDecoder:
         self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
         self.attend = sdpa_attention_forward  # HF's own SDPA call: its kernel choice per device (GQA, masks)
 
-    @torch.no_grad()
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
                  warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
         """Continue `input_ids` [A, L] (left-padded; `attention_mask` [A, L]) by at most `budget` tokens.
@@ -82,6 +81,14 @@ class NativeDecoder:
         """
         if budget < 1:
             raise ValueError(f"budget={budget}: decode at least one token")
+        # Inference mode: no autograd bookkeeping per op (~10% of a small model's decode step); the ids leave as an
+        # ordinary tensor.
+        with torch.inference_mode():
+            ids = self._sample(input_ids, attention_mask, cache, cache_rows, budget, warp, stop_ids, pad_id, criteria)
+        return ids.clone()
+
+    def _sample(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
+                warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None) -> Tensor:
         rows, width = input_ids.shape
         device = input_ids.device
         start = 0 if cache is None else cache.get_seq_length()

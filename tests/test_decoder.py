@@ -86,7 +86,7 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
     sampling = Sampling(12, temperature=0.8, top_k=30, top_p=0.95)
     hf = draw(hf_decode, model, sampling, cached=cached)
     native = draw(native_decode, model, sampling, cached=cached)
-    assert torch.equal(native, hf)
+    assert torch.equal(native, hf) and not native.is_inference()  # ids that a training forward may take
     assert ended_early(hf, grouped_batch()[0].shape[1]) > 0
     assert not torch.equal(draw(native_decode, model, sampling, cached=cached, seed=1), native)  # a random draw
 
