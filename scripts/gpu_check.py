@@ -2,7 +2,8 @@
 
     bash scripts/gpu_check.sh [--steps 3] [--archs qwen3_0_6b qwen2_5_1_5b_instruct] [--out outputs/gpu_check]
 
-For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/local_models.py) it runs
+For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/local_models.py) it compares mrl's
+native decoder with HF generate (equal tokens, time: `compare_decoders`), then runs
 `mrl train model.dtype=bfloat16 deepspeed=zero2` for a few steps of the agent task (GRPO with a KL reference, so the
 reference path runs too), prints what metrics.jsonl measured per step (rollout tokens/s, step time, peak GPU
 memory, loss, KL), and checks that every loss is finite and that the float32 masters moved: at least 90% of the
@@ -79,6 +80,46 @@ def check_run(run_dir: Path, model_dir: Path) -> list[str]:
     return problems
 
 
+def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat16", rows: int = 32,
+                     tokens: int = 64) -> list[str]:
+    """mrl's native decoder against HF generate on `model_dir`, loaded as `mrl train` loads a policy (float32
+    weights, `dtype` autocast on a GPU), on `rows` random left-padded prompts of 48 tokens sharing 8 prompts' cache:
+    the share of rows whose tokens are equal (greedy, and sampled with one seed) and each one's decode time.  Prints
+    them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU whose
+    kernels may round differently from the CPU, where every row is equal)."""
+    from mrl.config import ModelConfig
+    from mrl.models import cache_kwarg, empty_cache, load_causal_lm
+    from mrl.rollout import Sampling, hf_decode, native_decode, position_ids
+
+    model = load_causal_lm(str(model_dir), ModelConfig(name_or_path=str(model_dir), dtype=dtype), device).eval()
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, model.config.vocab_size, (8, 48), generator=generator).to(device)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[:4, :5] = 0  # left padding
+    prompt_rows = torch.arange(rows, device=device) * 8 // rows
+    ids, mask = prompts[prompt_rows], prompt_mask[prompt_rows]
+    problems = []
+    for name, sampling in (("greedy", Sampling(tokens, greedy=True)), ("sampled", Sampling(tokens))):
+        outputs, seconds = [], []
+        for decode in (native_decode, hf_decode):
+            cache = empty_cache(model)
+            with torch.no_grad():
+                model(input_ids=prompts[:, :-1], attention_mask=prompt_mask[:, :-1],
+                      position_ids=position_ids(prompt_mask[:, :-1]), use_cache=True, **{cache_kwarg(model): cache})
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            outputs.append(decode(model, ids, mask, cache, prompt_rows, sampling, tokens, [1], 0, None))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        equal = (outputs[0] == outputs[1]).all(1).float().mean().item()
+        print(f"  decoders, {name}, {rows} rows x {tokens} tokens: {equal:.0%} of rows equal; native "
+              f"{seconds[0]:.2f} s, HF generate {seconds[1]:.2f} s")
+        if equal < 0.9:
+            problems.append(f"native decoder, {name}: only {equal:.0%} of rows equal HF generate's")
+    return problems
+
+
 def print_metrics(run_dir: Path) -> None:
     print("  step | " + " | ".join(SHOWN))
     for record in read_metrics(run_dir / METRICS_FILE):
@@ -104,6 +145,7 @@ def main() -> None:
         start = time.perf_counter()
         model_dir = build_random_init(arch, tokenizer, args.out / "models" / arch)
         print(f"\n{arch}: model dir {model_dir} ({time.perf_counter() - start:.0f} s)")
+        problems += [f"{arch}: {p}" for p in compare_decoders(model_dir, torch.device("cuda"))]
         run_dir = args.out / "runs" / arch
         shutil.rmtree(run_dir, ignore_errors=True)  # this check's own previous run
         start = time.perf_counter()

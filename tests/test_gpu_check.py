@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import compose_config
 
+from mrl.config import TinyModelSpec
 from mrl.loop import train
-from mrl.models import resolve_model_path
+from mrl.models import resolve_model_path, tiny_model_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
@@ -45,3 +46,11 @@ def test_check_run_reads_the_masters_of_a_bf16_run(make_cfg, tmp_path):
                    "trainer.max_steps=1")
     train(cfg, tmp_path)
     assert gpu_check.check_run(tmp_path, Path(resolve_model_path(cfg.model))) == []
+
+
+def test_its_decoder_comparison_finds_every_row_equal_on_cpu(capsys):
+    """What the GPU check reports of mrl's native decoder against HF generate: on CPU (float32) every row is equal."""
+    assert gpu_check.compare_decoders(tiny_model_dir(TinyModelSpec()), torch.device("cpu"), "float32", rows=16,
+                                      tokens=8) == []
+    printed = capsys.readouterr().out
+    assert printed.count("100% of rows equal") == 2 and "greedy" in printed and "sampled" in printed
