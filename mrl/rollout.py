@@ -341,8 +341,9 @@ class RolloutEngine(Protocol):
 
 class HFEngine:
     """`generate` above: mrl's own turn loop on the live training module (a shared prompt KV cache per group), each
-    turn decoded by HF `generate` or, given `native_decode`, by mrl's native decoder.  Nothing to sync: it samples
-    from the weights the optimizer just stepped."""
+    turn decoded by `decode`: HF `generate` (`hf_decode`), mrl's native decoder (`native_decode`), or the native one
+    where it computes the model's logits (`auto_decode`).  Nothing to sync: it samples from the weights the optimizer
+    just stepped."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, decode: Decode = hf_decode):
         self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
