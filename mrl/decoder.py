@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl.models import hf_model
+from mrl.models import hf_model, position_ids
 from mrl.precision import autocast_of
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -95,7 +95,7 @@ class NativeDecoder:
         buffers = KVBuffers(cache if start else None, cache_rows, width + budget)
         allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # the keys each row attends to
         allowed[:, :width] = attention_mask.bool()
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [A, L], as prompt_cache and policy_forward
+        positions = position_ids(attention_mask)  # [A, L], as prompt_cache and policy_forward
         stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
@@ -130,7 +130,7 @@ class NativeDecoder:
         ids = ids.view(2, 8)
         mask = torch.ones_like(ids)
         mask[0, :3] = 0
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = position_ids(mask)
         training = self.model.training
         self.model.eval()
         try:

@@ -301,6 +301,11 @@ class Actor(nn.Module):
         return torch.cat([head.last_hidden_state[row_prompt, -1:], tail.last_hidden_state], 1)
 
 
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as HF generate computes them.  [N, L] -> [N, L]."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
 def empty_cache(model: nn.Module):
     """A KV cache to fill with a forward pass (and to grow token by token in `generate`)."""
     from transformers import DynamicCache

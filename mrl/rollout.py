@@ -20,7 +20,7 @@ from torch import Tensor
 from mrl.config import UserError
 from mrl.decoder import NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
-from mrl.models import cache_kwarg, empty_cache, hf_model
+from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
 from mrl.rundir import warn
 
@@ -379,11 +379,6 @@ ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], R
     "native": native_engine,
     "auto": auto_engine,
 }
-
-
-def position_ids(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, as HF generate computes them.  [N, L] -> [N, L]."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
