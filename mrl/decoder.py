@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl.models import hf_model, position_ids
+from mrl.models import hf_model, logits_gap, position_ids
 from mrl.precision import autocast_of
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
@@ -121,7 +121,6 @@ class NativeDecoder:
             step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
         return ids
 
-    @torch.no_grad()
     def check(self) -> str | None:
         """Why this decoder's next-token logits differ from the model's own forward (a variant the structural checks
         of `unsupported` let through), in one line; None when they agree.  2 rows of 8 positions, one left-padded,
@@ -131,17 +130,11 @@ class NativeDecoder:
         mask = torch.ones_like(ids)
         mask[0, :3] = 0
         positions = position_ids(mask)
-        training = self.model.training
-        self.model.eval()
-        try:
-            with autocast_of(self.model):
-                own = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
-                hidden = self._forward(ids, positions, mask.bool(), 0, KVBuffers(None, None, ids.shape[1]))
-                mine = self.model.lm_head(hidden).float()
-        finally:
-            self.model.train(training)
-        gap = (own - mine).abs().max().item()
-        if gap > 1e-2 * max(own.abs().max().item(), 1e-6):
+        buffers = KVBuffers(None, None, ids.shape[1])
+        gap = logits_gap(self.model,
+                         lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1],
+                         lambda: self.model.lm_head(self._forward(ids, positions, mask.bool(), 0, buffers)))
+        if gap is not None:
             return (f"model type {self.model.config.model_type!r}: mrl's native decoder computes other logits than "
                     f"this model's forward (largest difference {gap:.3g})")
         return None

@@ -15,6 +15,7 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -228,16 +229,9 @@ class Actor(nn.Module):
         family mrl does not know): the trainer would score tokens under another distribution than the policy samples
         from.  One forward of 8 positions, at load, before any engine partitions the weights."""
         ids = (torch.arange(1, 9, device=self.policy.device) % self.vocab_size)[None]  # [1, 8]
-        training = self.policy.training
-        self.policy.eval()  # no dropout
-        try:
-            with torch.no_grad(), autocast_of(self.policy):
-                own = self.policy(input_ids=ids).logits.float()  # [1, 8, V]
-                mine = self.logits(self.policy.get_decoder()(input_ids=ids).last_hidden_state).float()
-        finally:
-            self.policy.train(training)
-        gap = (own - mine).abs().max().item()
-        if gap > 1e-2 * max(own.abs().max().item(), 1e-6):
+        gap = logits_gap(self.policy, lambda: self.policy(input_ids=ids).logits,
+                         lambda: self.logits(self.policy.get_decoder()(input_ids=ids).last_hidden_state))
+        if gap is not None:
             family = self.policy.config.get_text_config().model_type
             raise UserError(
                 f"model type {family!r}: its forward transforms the output layer's logits in a way mrl does not "
@@ -299,6 +293,21 @@ class Actor(nn.Module):
         tail = decoder(input_ids=input_ids[:, W:], attention_mask=attention_mask, position_ids=position_ids[:, W:],
                        use_cache=True, **{cache_kwarg(decoder): cache})
         return torch.cat([head.last_hidden_state[row_prompt, -1:], tail.last_hidden_state], 1)
+
+
+def logits_gap(model: nn.Module, own: Callable[[], torch.Tensor], mine: Callable[[], torch.Tensor]) -> float | None:
+    """The largest difference between the logits `own()` (the model's forward) and `mine()` (mrl's way to the same
+    logits) compute, when over 1% of the largest logit; None when they agree.  Both run in eval mode (no dropout;
+    the mode is restored), without gradients, under the model's autocast."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast_of(model):
+            expected, computed = own().float(), mine().float()
+    finally:
+        model.train(training)
+    gap = (expected - computed).abs().max().item()
+    return gap if gap > 1e-2 * max(expected.abs().max().item(), 1e-6) else None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
