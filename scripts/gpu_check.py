@@ -88,8 +88,8 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU whose
     kernels may round differently from the CPU, where every row is equal)."""
     from mrl.config import ModelConfig
-    from mrl.models import cache_kwarg, empty_cache, load_causal_lm
-    from mrl.rollout import Sampling, hf_decode, native_decode, position_ids
+    from mrl.models import load_causal_lm
+    from mrl.rollout import Sampling, hf_decode, native_decode, prompt_cache
 
     model = load_causal_lm(str(model_dir), ModelConfig(name_or_path=str(model_dir), dtype=dtype), device).eval()
     generator = torch.Generator().manual_seed(0)
@@ -98,14 +98,11 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     prompt_mask[:4, :5] = 0  # left padding
     prompt_rows = torch.arange(rows, device=device) * 8 // rows
     ids, mask = prompts[prompt_rows], prompt_mask[prompt_rows]
+    cache = prompt_cache(model, prompts, prompt_mask)  # each prompt but its last token; neither decoder changes it
     problems = []
     for name, sampling in (("greedy", Sampling(tokens, greedy=True)), ("sampled", Sampling(tokens))):
         outputs, seconds = [], []
         for decode in (native_decode, hf_decode):
-            cache = empty_cache(model)
-            with torch.no_grad():
-                model(input_ids=prompts[:, :-1], attention_mask=prompt_mask[:, :-1],
-                      position_ids=position_ids(prompt_mask[:, :-1]), use_cache=True, **{cache_kwarg(model): cache})
             torch.manual_seed(0)
             start = time.perf_counter()
             outputs.append(decode(model, ids, mask, cache, prompt_rows, sampling, tokens, [1], 0, None))

@@ -11,9 +11,8 @@ from conftest import scale_logits
 from mrl.config import UserError
 from mrl.decoder import NativeDecoder, unsupported
 from mrl.episode import Prompt
-from mrl.models import empty_cache
 from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, position_ids
+from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, prompt_cache
 
 CPU = torch.device("cpu")
 PAD, STOP = 0, 1
@@ -55,18 +54,15 @@ def grouped_batch(groups: int = 6, group_size: int = 2, width: int = 7, suffix: 
     return ids, mask, prompt_rows
 
 
-def draw(decode, model, sampling: Sampling, batch=None, budget: int = 12, cached: int = 0, seed: int = 0):
-    """`decode`'s tokens for `batch` (grouped_batch()), the first `cached` positions of each distinct prompt given
-    as one shared KV cache row (as `generate` gives the shared prompts')."""
-    ids, mask, prompt_rows = batch if batch is not None else grouped_batch()
+def draw(decode, model, sampling: Sampling, budget: int = 12, cached: int = 0, seed: int = 0):
+    """`decode`'s tokens for grouped_batch(), the first `cached` positions of each distinct prompt given as one shared
+    KV cache row (as `generate` gives the shared prompts': rollout.prompt_cache of one more column)."""
+    ids, mask, prompt_rows = grouped_batch()
     cache = cache_rows = None
     if cached:
         distinct = [int((prompt_rows == p).nonzero()[0]) for p in prompt_rows.unique()]  # each prompt's first row
-        cache, cache_rows = empty_cache(model), prompt_rows
-        prefix, prefix_mask = ids[distinct, :cached], mask[distinct, :cached]
-        with torch.no_grad():
-            model(input_ids=prefix, attention_mask=prefix_mask, position_ids=position_ids(prefix_mask),
-                  use_cache=True, cache=cache)
+        cache = prompt_cache(model, ids[distinct, :cached + 1], mask[distinct, :cached + 1])
+        cache_rows = prompt_rows
     torch.manual_seed(seed)
     return decode(model, ids, mask, cache, cache_rows, sampling, budget, [STOP], PAD, None)
 
