@@ -21,14 +21,8 @@ TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "co
 
 def family_model(kind: str, **extra):
     """A random-init 2-layer model of family `kind` with a 40-token vocabulary (head_dim 16, not hidden / heads)."""
-    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    configs = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-               "qwen3": transformers.Qwen3Config, "mistral": transformers.MistralConfig,
-               "gemma": transformers.GemmaConfig}
-    models = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-              "qwen3": transformers.Qwen3ForCausalLM, "mistral": transformers.MistralForCausalLM,
-              "gemma": transformers.GemmaForCausalLM}
     settings = dict(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, head_dim=16, max_position_embeddings=128, pad_token_id=PAD,
                     eos_token_id=STOP)
@@ -36,7 +30,7 @@ def family_model(kind: str, **extra):
         settings["sliding_window"] = None
     settings.update(extra)
     torch.manual_seed(0)
-    return models[kind](configs[kind](**settings)).eval()
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **settings)).eval()
 
 
 def grouped_batch(groups: int = 6, group_size: int = 2, width: int = 7, suffix: int = 2):
