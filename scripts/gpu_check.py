@@ -16,6 +16,7 @@ About 3-4 minutes on one H200, most of it building the random-init models and De
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import shutil
@@ -84,10 +85,12 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
                      tokens: int = 64) -> list[str]:
     """mrl's native decoder against HF generate on `model_dir`, loaded as `mrl train` loads a policy (float32
     weights, `dtype` autocast on a GPU), on `rows` random left-padded prompts of 48 tokens sharing 8 prompts' cache:
-    the share of rows whose tokens are equal (greedy, and sampled with one seed) and each one's decode time.  Prints
-    them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU whose
-    kernels may round differently from the CPU, where every row is equal)."""
+    the share of rows whose tokens are equal (greedy, and sampled with one seed and HF's draw, `multinomial`) and each
+    one's decode time, and, sampled, the time of the native decoder's own draw (`inverse_cdf`, what training uses).
+    Prints them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU
+    whose kernels may round differently from the CPU, where every row is equal)."""
     from mrl.config import ModelConfig
+    from mrl.decoder import multinomial
     from mrl.models import load_causal_lm
     from mrl.rollout import Sampling, hf_decode, native_decode, prompt_cache
 
@@ -99,10 +102,11 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     prompt_rows = torch.arange(rows, device=device) * 8 // rows
     ids, mask = prompts[prompt_rows], prompt_mask[prompt_rows]
     cache = prompt_cache(model, prompts, prompt_mask)  # each prompt but its last token; neither decoder changes it
+    native_hf_draw = functools.partial(native_decode, draw=multinomial)
     problems = []
     for name, sampling in (("greedy", Sampling(tokens, greedy=True)), ("sampled", Sampling(tokens))):
         outputs, seconds = [], []
-        for decode in (native_decode, hf_decode):
+        for decode in (native_hf_draw, hf_decode) + ((native_decode,) if not sampling.greedy else ()):
             torch.manual_seed(0)
             start = time.perf_counter()
             outputs.append(decode(model, ids, mask, cache, prompt_rows, sampling, tokens, [1], 0, None))
@@ -110,8 +114,9 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         equal = (outputs[0] == outputs[1]).all(1).float().mean().item()
+        own_draw = f", with its own draw {seconds[2]:.2f} s" if len(seconds) > 2 else ""
         print(f"  decoders, {name}, {rows} rows x {tokens} tokens: {equal:.0%} of rows equal; native "
-              f"{seconds[0]:.2f} s, HF generate {seconds[1]:.2f} s")
+              f"{seconds[0]:.2f} s{own_draw}, HF generate {seconds[1]:.2f} s")
         if equal < 0.9:
             problems.append(f"native decoder, {name}: only {equal:.0%} of rows equal HF generate's")
     return problems

@@ -1,21 +1,25 @@
-"""mrl's native decoder (mrl/decoder.py): with the same seed it draws exactly the tokens HF `generate` draws, for
-every family it claims, through the whole turn loop, with adapters and under autocast; and what it cannot run is
-refused by name or left to HF `generate`."""
+"""mrl's native decoder (mrl/decoder.py): given HF's draw (`multinomial`) and the same seed it draws exactly the
+tokens HF `generate` draws, for every family it claims, through the whole turn loop, with adapters and under autocast;
+its own draw (`inverse_cdf`) samples the same distribution; and what it cannot run is refused by name or left to HF
+`generate`."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
 from conftest import scale_logits
 
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, unsupported
+from mrl.decoder import NativeDecoder, inverse_cdf, multinomial, unsupported
 from mrl.episode import Prompt
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, prompt_cache
 
 CPU = torch.device("cpu")
 PAD, STOP = 0, 1
+native_hf_draw = partial(native_decode, draw=multinomial)  # the native decoder drawing as HF generate draws
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention")
 
 
@@ -75,10 +79,10 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
     model = family_model(kind)
     sampling = Sampling(12, temperature=0.8, top_k=30, top_p=0.95)
     hf = draw(hf_decode, model, sampling, cached=cached)
-    native = draw(native_decode, model, sampling, cached=cached)
+    native = draw(native_hf_draw, model, sampling, cached=cached)
     assert torch.equal(native, hf) and not native.is_inference()  # ids that a training forward may take
     assert ended_early(hf, grouped_batch()[0].shape[1]) > 0
-    assert not torch.equal(draw(native_decode, model, sampling, cached=cached, seed=1), native)  # a random draw
+    assert not torch.equal(draw(native_hf_draw, model, sampling, cached=cached, seed=1), native)  # a random draw
 
 
 @pytest.mark.parametrize("variant", [
@@ -93,7 +97,7 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
 def test_llama_variants_draw_the_same_tokens(variant):
     model = family_model("llama", **variant)
     sampling = Sampling(12, temperature=0.9)
-    assert torch.equal(draw(native_decode, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
+    assert torch.equal(draw(native_hf_draw, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
 
 
 def test_greedy_native_decode_is_hf_greedy():
@@ -108,7 +112,7 @@ def test_native_decode_stops_where_a_criterion_says():
     ids, mask, _ = grouped_batch()
     stop_at_seven = lambda ids, scores: ids[:, -1] == 7  # noqa: E731
     outs = []
-    for decode in (hf_decode, native_decode):
+    for decode in (hf_decode, native_hf_draw):
         torch.manual_seed(0)
         outs.append(decode(model, ids, mask, None, None, Sampling(12), 12, [STOP], PAD, stop_at_seven))
     assert torch.equal(outs[0], outs[1])
@@ -124,7 +128,7 @@ def test_the_turn_loop_samples_the_same_rollouts_with_either_decoder(model, toke
     prompts = [Prompt("add 3 4 ="), Prompt("7"), Prompt("max 2 9 =")]
     sampling = Sampling(10, temperature=0.9, top_k=20)
     runs = []
-    for decode in (hf_decode, native_decode):
+    for decode in (hf_decode, native_hf_draw):
         torch.manual_seed(0)
         runs.append(generate(model, tokenizer, prompts, 4, sampling, protocol, CPU, decode))
     assert sum(len(e.tool_calls) for e in runs[0].episodes) > 0  # later turns were generated too
@@ -147,7 +151,7 @@ def test_adapters_act_in_native_decode():
             param.data.normal_(0, 0.5)  # adapters that change the model (lora_B starts at zero)
     peft_model.eval()
     for sampling in (greedy, Sampling(12)):
-        native = draw(native_decode, peft_model, sampling, cached=3)
+        native = draw(native_hf_draw, peft_model, sampling, cached=3)
         assert torch.equal(native, draw(hf_decode, peft_model.get_base_model(), sampling, cached=3))
     assert not torch.equal(draw(native_decode, peft_model, greedy), base_tokens)
 
@@ -159,7 +163,7 @@ def test_native_decode_computes_under_the_models_autocast():
 
     model = compute_in(family_model("llama"), Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
     for sampling in (Sampling(12, greedy=True), Sampling(12, temperature=0.9)):
-        assert torch.equal(draw(native_decode, model, sampling, cached=4), draw(hf_decode, model, sampling, cached=4))
+        assert torch.equal(draw(native_hf_draw, model, sampling, cached=4), draw(hf_decode, model, sampling, cached=4))
     computed = []
     hook = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, out: computed.append(out.dtype))
     draw(native_decode, model, Sampling(12, greedy=True), budget=2)
@@ -212,3 +216,48 @@ def test_the_check_runs_in_eval_mode_and_restores_the_mode():
     model = family_model("llama", attention_dropout=0.5)
     model.train()
     assert NativeDecoder(model).check() is None and model.training
+
+
+def test_inverse_cdf_draws_the_first_token_whose_cumulative_weight_exceeds_the_uniform_share():
+    """Weights [0, 1, 0, 3] (cumulative 0, 1, 1, 4 of a total 4): a uniform u picks the first token whose cumulative
+    weight exceeds 4u; tokens of weight 0 are never drawn, at u = 0 nor at u just below a boundary."""
+    weights = torch.tensor([[0.0, 1.0, 0.0, 3.0]]).expand(5, 4)
+    uniform = torch.tensor([0.0, 0.2499, 0.25, 0.9, 1 - 2 ** -24])
+    assert inverse_cdf(weights, uniform).tolist() == [1, 1, 3, 3, 3]
+    assert inverse_cdf(torch.tensor([[0.5, 0.5], [0.0, 2.0]]), torch.tensor([0.75, 0.1])).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("sampler", [inverse_cdf, multinomial], ids=["inverse_cdf", "multinomial"])
+def test_the_native_decoders_first_tokens_follow_the_models_distribution(sampler):
+    """4000 rollouts of one prompt, one token each: the share of each token is its probability under the model
+    (within 4.5 standard errors), and a token the warper excludes (top-k) is never drawn."""
+    model = family_model("llama")
+    prompt = torch.tensor([[5, 9, 2, 30, 17, 4, 11]])
+    with torch.no_grad():
+        probs = model(input_ids=prompt).logits[0, -1].softmax(-1)
+    ids = prompt.expand(4000, -1)
+    mask = torch.ones_like(ids)
+    for top_k in (0, 5):
+        torch.manual_seed(0)
+        out = native_decode(model, ids, mask, None, None, Sampling(1, top_k=top_k), 1, [STOP], PAD, None, sampler)
+        shares = torch.bincount(out[:, -1], minlength=probs.numel()).double() / len(out)
+        expected = probs.double()
+        if top_k:
+            kept = probs.topk(top_k).indices
+            expected = torch.zeros_like(expected).index_copy_(0, kept, expected[kept] / expected[kept].sum())
+            assert shares[expected == 0].sum() == 0
+        error = (expected * (1 - expected) / len(out)).sqrt()
+        assert ((shares - expected).abs() <= 4.5 * error + 1e-9).all()
+
+
+def test_the_native_decoders_own_draw_is_seeded_and_top_k_1_is_greedy():
+    """`inverse_cdf` by default: the same seed draws the same tokens, another seed others, and sampling from the
+    single most likely token (top_k=1) picks HF generate's greedy tokens."""
+    model = family_model("qwen2")
+    sampling = Sampling(12, temperature=0.8)
+    tokens = draw(native_decode, model, sampling, cached=5)
+    assert torch.equal(draw(native_decode, model, sampling, cached=5), tokens)
+    assert not torch.equal(draw(native_decode, model, sampling, cached=5, seed=1), tokens)
+    assert not torch.equal(draw(native_hf_draw, model, sampling, cached=5), tokens)  # not HF's draw
+    assert torch.equal(draw(native_decode, model, Sampling(12, top_k=1), cached=5),
+                       draw(hf_decode, model, Sampling(12, greedy=True), cached=5))

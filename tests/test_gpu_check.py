@@ -54,3 +54,4 @@ def test_its_decoder_comparison_finds_every_row_equal_on_cpu(capsys):
                                       tokens=8) == []
     printed = capsys.readouterr().out
     assert printed.count("100% of rows equal") == 2 and "greedy" in printed and "sampled" in printed
+    assert printed.count("with its own draw") == 1  # the sampled line times the draw training uses
