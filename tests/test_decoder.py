@@ -12,7 +12,7 @@ import torch
 from conftest import scale_logits
 
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, inverse_cdf, multinomial, unsupported
+from mrl.decoder import NativeDecoder, inverse_cdf, multinomial, skinny_linear, skinny_linears, unsupported
 from mrl.episode import Prompt
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, prompt_cache
@@ -93,9 +93,15 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
     {"num_key_value_heads": 4},  # no grouped-query attention
     {"num_key_value_heads": 1},
     {"attn_implementation": "eager"},
-], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager"])
+    {"intermediate_size": 8192, "vocab_size": 8192, "mlp_bias": True},  # MLP and output layer by skinny_linear
+], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager", "skinny"])
 def test_llama_variants_draw_the_same_tokens(variant):
     model = family_model("llama", **variant)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.5)  # HF initializes biases to zero: a decoder that dropped them would pass
+    assert bool(NativeDecoder(model).skinny) == ("intermediate_size" in variant)
     sampling = Sampling(12, temperature=0.9)
     assert torch.equal(draw(native_hf_draw, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
 
@@ -261,3 +267,36 @@ def test_the_native_decoders_own_draw_is_seeded_and_top_k_1_is_greedy():
     assert not torch.equal(draw(native_hf_draw, model, sampling, cached=5), tokens)  # not HF's draw
     assert torch.equal(draw(native_decode, model, Sampling(12, top_k=1), cached=5),
                        draw(hf_decode, model, Sampling(12, greedy=True), cached=5))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_is_the_linear_layer(bias):
+    """(W @ x^T)^T with the bias added: the layer's own output, for 2-d and 3-d inputs of few rows."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 40, bias=bias)
+    for x in (torch.randn(8, 24), torch.randn(8, 1, 24), torch.randn(3, 2, 24)):
+        out = skinny_linear(linear, x)
+        assert out.shape == linear(x).shape and out.is_contiguous()
+        torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-6)
+
+
+def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
+    """A model with 64 x 4096 MLP weights (2^18 elements): the decoder takes its gate, up and down projections and
+    nothing smaller; none under the model's bf16 autocast, none that carries a hook (ZeRO-3 gathers through hooks),
+    and no adapter's wrapper."""
+    from peft import LoraConfig, get_peft_model
+
+    from mrl.precision import Precision, compute_in
+
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    mlps = [layer.mlp for layer in model.model.layers]
+    projections = {p for mlp in mlps for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)}
+    assert skinny_linears(model) == projections
+    hook = mlps[0].up_proj.register_forward_pre_hook(lambda module, args: None)
+    assert skinny_linears(model) == projections - {mlps[0].up_proj}
+    hook.remove()
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["up_proj"]))
+    assert not {mlp.up_proj for mlp in mlps} & skinny_linears(peft_model)
+    bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
+                      Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
+    assert skinny_linears(bf16) == set()
