@@ -250,3 +250,25 @@ def test_a_shared_prompt_pass_equals_a_pass_per_row(model):
     for name, grad in plain_g.items():
         assert_close(shared_g[name], grad, atol=1e-5, rtol=1e-4, msg=name)
     assert plain_g["policy.model.embed_tokens.weight"].abs().sum() > 0
+
+
+def test_decode_texts_are_the_tokenizers_own_decodes(tokenizer, tmp_path):
+    """One call to the Rust tokenizer gives what `tokenizer.decode` gives row by row (with and without special
+    tokens, empty rows too), on the tiny model's word vocabulary and a byte-level BPE; a tokenizer that cleans up
+    spaces (which transformers does after the Rust decode) keeps its own decode."""
+    from test_protocols import CORPUS, build_chat_model
+
+    from mrl.models import load_tokenizer
+    from mrl.rollout import decode_texts
+
+    bpe = load_tokenizer(str(build_chat_model(tmp_path / "bpe", "")))
+    for tok in (tokenizer, bpe):
+        rows = [tok(text, add_special_tokens=False).input_ids for text in CORPUS[:3]]
+        rows += [[], [tok.eos_token_id] + rows[0][:3], [tok.pad_token_id, tok.eos_token_id]]
+        for special in (True, False):
+            assert decode_texts(tok, rows, special) == [tok.decode(r, skip_special_tokens=special) for r in rows]
+    assert decode_texts(bpe, [[bpe.eos_token_id]]) == [""]  # skipped by default
+    bpe.clean_up_tokenization_spaces = True
+    calls = []
+    bpe.decode = lambda row, **kwargs: calls.append(row) or "own"  # what transformers would do, then clean up
+    assert decode_texts(bpe, [[5], [6]]) == ["own", "own"] and calls == [[5], [6]]
