@@ -5,10 +5,11 @@ stopping criteria, cache and mask bookkeeping, output dataclasses), not in arith
 layers (the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every
 rope scaling apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own
 sampling warpers, and returns what `model.generate` returns: the input ids followed by the sampled ones, finished
-rows padded.  Greedy, it picks the tokens HF `generate` picks; sampling, it draws from the same distribution, by
-`inverse_cdf` (one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per
-vocabulary entry: on a CPU, 16 ms of each step of 8 rows at SmolLM2's 49k vocabulary, against 1 ms).  Given
-`draw=multinomial` and the same seed, it draws the very tokens HF `generate` draws (tested).
+rows padded.  Greedy, it picks the tokens HF `generate` picks; sampling, it draws from the same distribution, on a
+CPU by `inverse_cdf` (one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per
+vocabulary entry: ~12 ms of each decode step of 8 rows at SmolLM2's 49k vocabulary on a CPU, against ~4 ms).  With
+`multinomial`, the draw elsewhere (a GPU draws exponentials fast) and the same seed, it draws the very tokens HF
+`generate` draws (tested).
 
 Families whose decoder layer is norm -> attention (rotary, grouped-query, full causal) -> norm -> MLP: Llama
 (SmolLM2), Qwen2, Qwen3 (with its per-head q/k norms) and Mistral without a sliding window.  Anything else, a
@@ -49,6 +50,12 @@ def unsupported(model) -> str | None:
 def multinomial(probs: Tensor) -> Tensor:
     """One token per row of `probs` [A, V] -> [A], as HF `generate` draws it (`torch.multinomial`)."""
     return torch.multinomial(probs, 1).squeeze(1)
+
+
+def draw_for(device: torch.device) -> Callable[[Tensor], Tensor]:
+    """The native decoder's draw on `device`: `inverse_cdf` on a CPU, whose random numbers are slow to make, else HF's
+    own (`multinomial`: no float64 copy of a large batch's probabilities)."""
+    return inverse_cdf if device.type == "cpu" else multinomial
 
 
 def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
@@ -104,7 +111,7 @@ def mismatch(model) -> str | None:
 class NativeDecoder:
     """Samples continuations of a batch with a KV cache, as `model.generate` does (see the module's docstring)."""
 
-    def __init__(self, model, draw: Callable[[Tensor], Tensor] = inverse_cdf):
+    def __init__(self, model, draw: Callable[[Tensor], Tensor] | None = None):
         reason = unsupported(model)
         if reason is not None:
             raise ValueError(f"the native decoder cannot run this model: {reason}")
@@ -115,7 +122,8 @@ class NativeDecoder:
         self.decoder = self.model.model  # embed_tokens, layers, norm, rotary_emb
         self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
         self.attend = sdpa_attention_forward  # HF's own SDPA call: its kernel choice per device (GQA, masks)
-        self.draw = draw  # probabilities [A, V] -> tokens [A]
+        # probabilities [A, V] -> tokens [A]
+        self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
         self.skinny = skinny_linears(self.model)
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, inverse_cdf, mismatch, unsupported
+from mrl.decoder import NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
 from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
@@ -234,11 +234,12 @@ def hf_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_row
 
 def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
                   sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria,
-                  draw: Callable[[Tensor], Tensor] = inverse_cdf) -> Tensor:
+                  draw: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """`hf_decode`'s contract, by mrl's native decoder (mrl/decoder.py), with less Python per token: greedy, the same
-    tokens; sampled, the same distribution, drawn by `draw` (`mrl.decoder.multinomial`: HF's very tokens for the
-    same seed).  Llama-family models only (mrl.decoder.unsupported); one whose logits turn out to differ from its
-    forward's (mrl.decoder.mismatch) is refused."""
+    tokens; sampled, the same distribution, drawn by `draw` (None: mrl.decoder.draw_for the device;
+    `mrl.decoder.multinomial`: HF's very tokens for the same seed).  Llama-family models only
+    (mrl.decoder.unsupported); one whose logits turn out to differ from its forward's (mrl.decoder.mismatch) is
+    refused."""
     reason = mismatch(model)
     if reason is not None:
         raise UserError(f"{reason}; set rollout.engine=hf to generate with HF generate")

@@ -86,11 +86,11 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     """mrl's native decoder against HF generate on `model_dir`, loaded as `mrl train` loads a policy (float32
     weights, `dtype` autocast on a GPU), on `rows` random left-padded prompts of 48 tokens sharing 8 prompts' cache:
     the share of rows whose tokens are equal (greedy, and sampled with one seed and HF's draw, `multinomial`) and each
-    one's decode time, and, sampled, the time of the native decoder's own draw (`inverse_cdf`, what training uses).
+    one's decode time, and, sampled on a CPU, the time with the native decoder's own draw there (`inverse_cdf`).
     Prints them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU
     whose kernels may round differently from the CPU, where every row is equal)."""
     from mrl.config import ModelConfig
-    from mrl.decoder import multinomial
+    from mrl.decoder import draw_for, multinomial
     from mrl.models import load_causal_lm
     from mrl.rollout import Sampling, hf_decode, native_decode, prompt_cache
 
@@ -106,7 +106,8 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     problems = []
     for name, sampling in (("greedy", Sampling(tokens, greedy=True)), ("sampled", Sampling(tokens))):
         outputs, seconds = [], []
-        for decode in (native_hf_draw, hf_decode) + ((native_decode,) if not sampling.greedy else ()):
+        own_draw = not sampling.greedy and draw_for(device) is not multinomial  # a CPU's: time it too
+        for decode in (native_hf_draw, hf_decode) + ((native_decode,) if own_draw else ()):
             torch.manual_seed(0)
             start = time.perf_counter()
             outputs.append(decode(model, ids, mask, cache, prompt_rows, sampling, tokens, [1], 0, None))
@@ -114,9 +115,9 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         equal = (outputs[0] == outputs[1]).all(1).float().mean().item()
-        own_draw = f", with its own draw {seconds[2]:.2f} s" if len(seconds) > 2 else ""
+        own_time = f", with its own draw {seconds[2]:.2f} s" if len(seconds) > 2 else ""
         print(f"  decoders, {name}, {rows} rows x {tokens} tokens: {equal:.0%} of rows equal; native "
-              f"{seconds[0]:.2f} s{own_draw}, HF generate {seconds[1]:.2f} s")
+              f"{seconds[0]:.2f} s{own_time}, HF generate {seconds[1]:.2f} s")
         if equal < 0.9:
             problems.append(f"native decoder, {name}: only {equal:.0%} of rows equal HF generate's")
     return problems

@@ -300,3 +300,10 @@ def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
     bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
                       Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
     assert skinny_linears(bf16) == set()
+
+
+def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():
+    from mrl.decoder import draw_for
+
+    assert draw_for(torch.device("cpu")) is inverse_cdf and NativeDecoder(family_model("llama")).draw is inverse_cdf
+    assert draw_for(torch.device("cuda")) is multinomial and draw_for(torch.device("meta")) is multinomial
