@@ -9,7 +9,9 @@ model, learning rate, AdamW and gradient clip 1.0, fp32 on CPU, one optimizer st
 
 Each trainer runs in its own process and the two take turns, one step each, the order alternating every step
 (mrl, TRL, TRL, mrl, ...), so that load from other jobs falls on both alike; each process uses `--threads` torch
-threads (1 by default: on a busy 2-core machine more threads than free cores make both several times slower).
+threads (1 by default: on a busy 2-core machine more threads than free cores make both several times slower), and
+both are pinned to the same `--threads` cores (the last ones this process may use): on a shared machine one core can
+run 10% slower than another for minutes, and a trainer the scheduler kept there would seem that much slower.
 The first step of each is a warm-up and is not counted.  A step is timed inside its process, on two clocks: wall
 time, what a user waits, which varies with the machine's load; and the process's CPU time, the work the step did,
 which the load barely moves (with one thread, CPU time is the wall time of a quiet machine).  mrl's step runs from
@@ -288,15 +290,21 @@ def worker_env(threads: int) -> dict[str, str]:
     return env
 
 
+def worker_cores(threads: int) -> set[int]:
+    """The cores every worker is pinned to: the last `threads` of this process's."""
+    return set(sorted(os.sched_getaffinity(0))[-threads:])
+
+
 class Worker:
     """A worker process driven step by step; its stderr goes to `log`."""
 
     def __init__(self, framework: str, args: list[str], log: Path, threads: int):
         self.framework, self.log = framework, log
         self.stderr = open(log, "w")
+        cores = worker_cores(threads)
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", framework, *args], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-                                     env=worker_env(threads))
+                                     env=worker_env(threads), preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
     def read(self) -> dict[str, Any]:
         for line in self.proc.stdout:
@@ -416,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     logs = ROOT / "outputs" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
     print(f"load average before: {load_average()} ({os.cpu_count()} cores), {args.threads} torch thread(s) each, "
-          f"mrl's rollout.engine={args.mrl_engine}")
+          f"both on core(s) {sorted(worker_cores(args.threads))}, mrl's rollout.engine={args.mrl_engine}")
     rows = []
     for shape in shapes:
         if shape.needs and not (ROOT / shape.needs).exists():

@@ -102,3 +102,11 @@ def test_the_output_layer_bench_runs_each_way_on_the_same_numbers():
         for key in ("loss", "grad_hidden", "grad_weight"):
             assert run[key] == pytest.approx(runs[0][key], rel=1e-5, abs=1e-7), (run["way"], key)
     assert runs[0]["grad_weight"] > 0 and all(run["peak_mb"] >= 0 for run in runs)
+
+
+def test_both_trainers_are_pinned_to_the_same_last_cores():
+    import os
+
+    mine = sorted(os.sched_getaffinity(0))
+    assert bench.worker_cores(1) == {mine[-1]}
+    assert bench.worker_cores(len(mine) + 5) == set(mine)
