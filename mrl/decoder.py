@@ -1,15 +1,15 @@
 """mrl's native sampling loop for Llama-family decoders: the decoder's own modules, driven without HF `generate`.
 
-HF `generate` and the model's forward spend most of a small model's decode step in Python (logits processors,
-stopping criteria, cache and mask bookkeeping, output dataclasses), not in arithmetic.  `NativeDecoder` runs the same
-layers (the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every
-rope scaling apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own
-sampling warpers, and returns what `model.generate` returns: the input ids followed by the sampled ones, finished
-rows padded.  Greedy, it picks the tokens HF `generate` picks; sampling, it draws from the same distribution, on a
-CPU by `inverse_cdf` (one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per
-vocabulary entry: ~12 ms of each decode step of 8 rows at SmolLM2's 49k vocabulary on a CPU, against ~4 ms).  With
-`multinomial`, the draw elsewhere (a GPU draws exponentials fast) and the same seed, it draws the very tokens HF
-`generate` draws (tested).
+HF `generate` and the model's forward spend most of a small model's decode step in Python (logits processors, stopping
+criteria, cache and mask bookkeeping, output dataclasses), not in arithmetic. `NativeDecoder` runs the same layers
+(the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every rope scaling
+apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own sampling warpers,
+and returns what `model.generate` returns: the input ids followed by the sampled ones, finished rows padded. Greedy,
+it picks the tokens HF `generate` picks (up to the rounding of `skinny_linear`, a CPU's different order of the same
+sums: equal in every test and on SmolLM2); sampling, it draws from the same distribution, on a CPU by `inverse_cdf`
+(one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per vocabulary entry: ~12
+ms of each decode step of 8 rows at SmolLM2's 49k vocabulary on a CPU, against ~4 ms). With `multinomial`, the draw
+elsewhere (a GPU draws exponentials fast) and the same seed, it draws the very tokens HF `generate` draws (tested).
 
 Families whose decoder layer is norm -> attention (rotary, grouped-query, full causal) -> norm -> MLP: Llama
 (SmolLM2), Qwen2, Qwen3 (with its per-head q/k norms) and Mistral without a sliding window.  Anything else, a
@@ -61,15 +61,22 @@ def draw_for(device: torch.device) -> Callable[[Tensor], Tensor]:
 def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     """One token per row of `probs` [A, V] (unnormalized weights >= 0, each row's sum > 0) -> [A]: the first token
     whose cumulative weight exceeds `uniform` [A] (in [0, 1); drawn by `torch.rand` when None) times the row's total.
-    A token of weight 0 is never drawn: its cumulative weight equals its predecessor's."""
+    A token of weight 0 is never drawn: its cumulative weight equals its predecessor's.  Weights that are not finite,
+    or a row summing to 0, raise ValueError, as `torch.multinomial` does."""
     cdf = probs.double().cumsum(-1)  # float64: the rounding over a 152k vocabulary stays far below any token's share
+    totals = cdf[:, -1:]
+    if not bool(((totals > 0) & torch.isfinite(totals)).all()):
+        raise ValueError("probabilities contain inf or nan, or a row sums to 0: the policy's logits diverged")
     if uniform is None:
-        uniform = torch.rand(probs.shape[0], device=probs.device)  # float32, at most 1 - 2^-24: below the total
-    threshold = uniform.double()[:, None] * cdf[:, -1:]
+        # float64, at most 1 - 2^-53: a token of probability under float32's 2^-24 keeps its own chance, and the
+        # threshold stays strictly below its row's total (the product rounds to at most the total minus one ulp)
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    threshold = uniform.double()[:, None] * totals
     return torch.searchsorted(cdf, threshold, right=True).squeeze(1)
 
 
 SKINNY_MIN_WEIGHT = 2 ** 18  # elements: weights of 1 MiB and more in float32, read from memory at every token
+SKINNY_MAX_ROWS = 256  # measured faster at 8 to 64 rows, even at 256; beyond (a long turn's first step) F.linear
 
 
 def skinny_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
@@ -84,16 +91,35 @@ def skinny_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
     return out.T.contiguous().view(*x.shape[:-1], -1)
 
 
+def plain(module: torch.nn.Module) -> bool:
+    """Whether calling `module` is its class's forward and nothing else: no hooks of its own (ZeRO-3 gathers
+    through them), no forward replaced on the instance (accelerate's hooks do that)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
+
+
 def skinny_linears(model) -> set[torch.nn.Module]:
     """The projections of `model` that `NativeDecoder` computes by `skinny_linear`: on a CPU, without the model's
-    autocast, plain `nn.Linear`s (not an adapter's wrapper, nor a module with hooks, as ZeRO-3's) of float32 weights
-    of at least SKINNY_MIN_WEIGHT elements.  Elsewhere (a GPU, bf16) a module is called as it is."""
-    if getattr(model, "compute_autocast", None) is not None or torch.nn.modules.module._global_forward_hooks:
+    autocast or global module hooks, `plain` modules of exactly `nn.Linear` (not an adapter's wrapper) with float32
+    weights of at least SKINNY_MIN_WEIGHT elements.  Elsewhere (a GPU, bf16) a module is called as it is."""
+    from torch.nn.modules import module as torch_module
+
+    if getattr(model, "compute_autocast", None) is not None or torch_module._global_forward_hooks \
+            or torch_module._global_forward_pre_hooks:
         return set()
     return {module for module in model.modules()
             if type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
             and module.weight.dtype == torch.float32 and module.weight.numel() >= SKINNY_MIN_WEIGHT
-            and not (module._forward_hooks or module._forward_pre_hooks)}
+            and plain(module)}
+
+
+def mlp_classes() -> tuple[type, ...]:
+    """The MLP classes of FAMILIES, each down_proj(act_fn(gate_proj(x)) * up_proj(x))."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.mistral.modeling_mistral import MistralMLP
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
+
+    return LlamaMLP, Qwen2MLP, Qwen3MLP, MistralMLP
 
 
 _VERDICTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
@@ -125,6 +151,10 @@ class NativeDecoder:
         # probabilities [A, V] -> tokens [A]
         self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
         self.skinny = skinny_linears(self.model)
+        # MLPs whose formula the decoder may spell out, to compute their projections by skinny_linear
+        self.skinny_mlps = {layer.mlp for layer in self.decoder.layers
+                            if type(layer.mlp) in mlp_classes() and plain(layer.mlp)
+                            and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.skinny}
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
                  warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
@@ -224,12 +254,14 @@ class NativeDecoder:
         return self.decoder.norm(hidden[:, -1])
 
     def _project(self, linear: torch.nn.Module, x: Tensor) -> Tensor:
-        return skinny_linear(linear, x) if linear in self.skinny else linear(x)
+        if linear in self.skinny and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
+            return skinny_linear(linear, x)
+        return linear(x)
 
     def _mlp(self, mlp: torch.nn.Module, x: Tensor) -> Tensor:
-        """`mlp(x)`; with its three projections computed by `skinny_linear` when all three are plain, the formula of
-        every supported family's MLP (`check` compares the result with the model's forward)."""
-        if not {mlp.gate_proj, mlp.up_proj, mlp.down_proj} <= self.skinny:
+        """`mlp(x)`; for a family's own MLP class whose three projections are skinny, its formula spelled out, so
+        that they are computed by `skinny_linear`."""
+        if mlp not in self.skinny_mlps:
             return mlp(x)
         return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
 

@@ -177,9 +177,9 @@ def decode_texts(tokenizer, rows: list[list[int]], skip_special_tokens: bool = T
     except ImportError:
         from transformers import PreTrainedTokenizerFast as Fast  # transformers 4: the same decode
 
-    kind = type(tokenizer)
-    if (isinstance(tokenizer, Fast) and kind._decode is Fast._decode
-            and kind.decode is PreTrainedTokenizerBase.decode and not tokenizer.clean_up_tokenization_spaces):
+    kind, own = type(tokenizer), vars(tokenizer)
+    if (isinstance(tokenizer, Fast) and kind._decode is Fast._decode and kind.decode is PreTrainedTokenizerBase.decode
+            and "_decode" not in own and "decode" not in own and not tokenizer.clean_up_tokenization_spaces):
         return tokenizer.backend_tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens)
     return [tokenizer.decode(row, skip_special_tokens=skip_special_tokens) for row in rows]
 

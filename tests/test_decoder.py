@@ -231,6 +231,9 @@ def test_inverse_cdf_draws_the_first_token_whose_cumulative_weight_exceeds_the_u
     uniform = torch.tensor([0.0, 0.2499, 0.25, 0.9, 1 - 2 ** -24])
     assert inverse_cdf(weights, uniform).tolist() == [1, 1, 3, 3, 3]
     assert inverse_cdf(torch.tensor([[0.5, 0.5], [0.0, 2.0]]), torch.tensor([0.75, 0.1])).tolist() == [1, 1]
+    for bad in ([[float("nan")] * 4, [0.25] * 4], [[0.0] * 4, [0.25] * 4], [[float("inf"), 1.0, 0.0, 0.0]]):
+        with pytest.raises(ValueError, match="inf or nan, or a row sums to 0"):  # as torch.multinomial refuses
+            inverse_cdf(torch.tensor(bad))
 
 
 @pytest.mark.parametrize("sampler", [inverse_cdf, multinomial], ids=["inverse_cdf", "multinomial"])
@@ -300,6 +303,38 @@ def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
     bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
                       Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
     assert skinny_linears(bf16) == set()
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    replaced = model.model.layers[1].mlp.down_proj
+    replaced.forward = lambda x: torch.nn.Linear.forward(replaced, x)  # as accelerate's hooks replace forwards
+    assert replaced not in skinny_linears(model) and len(skinny_linears(model)) == 5
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        assert skinny_linears(model) == set()
+    finally:
+        hook.remove()
+
+
+def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_rows(monkeypatch):
+    """The MLP formula is written out (its projections by skinny_linear) for a family's own MLP class without hooks:
+    an MLP with a hook is called, and its hook runs.  Past SKINNY_MAX_ROWS rows a projection is the module's call."""
+    import mrl.decoder
+
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    mlps = [layer.mlp for layer in model.model.layers]
+    assert NativeDecoder(model).skinny_mlps == set(mlps)
+    seen = []
+    mlps[0].register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    decoder = NativeDecoder(model)
+    assert decoder.skinny_mlps == {mlps[1]}
+    greedy = Sampling(4, greedy=True)
+    assert torch.equal(draw(native_decode, model, greedy), draw(hf_decode, model, greedy)) and seen
+    spied = []
+    monkeypatch.setattr(mrl.decoder, "skinny_linear", lambda linear, x: spied.append(x.shape) or linear(x))
+    up = mlps[1].up_proj
+    decoder._project(up, torch.randn(mrl.decoder.SKINNY_MAX_ROWS + 1, 64))
+    assert spied == []
+    decoder._project(up, torch.randn(8, 1, 64))
+    assert spied == [(8, 1, 64)]
 
 
 def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():

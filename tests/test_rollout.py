@@ -252,7 +252,7 @@ def test_a_shared_prompt_pass_equals_a_pass_per_row(model):
     assert plain_g["policy.model.embed_tokens.weight"].abs().sum() > 0
 
 
-def test_decode_texts_are_the_tokenizers_own_decodes(tokenizer, tmp_path):
+def test_decode_texts_are_the_tokenizers_own_decodes(tokenizer, tmp_path, monkeypatch):
     """One call to the Rust tokenizer gives what `tokenizer.decode` gives row by row (with and without special
     tokens, empty rows too), on the tiny model's word vocabulary and a byte-level BPE; a tokenizer that cleans up
     spaces (which transformers does after the Rust decode) keeps its own decode."""
@@ -268,6 +268,12 @@ def test_decode_texts_are_the_tokenizers_own_decodes(tokenizer, tmp_path):
         for special in (True, False):
             assert decode_texts(tok, rows, special) == [tok.decode(r, skip_special_tokens=special) for r in rows]
     assert decode_texts(bpe, [[bpe.eos_token_id]]) == [""]  # skipped by default
+    expected = [tok.decode(r, skip_special_tokens=True) for r in rows]
+    calls = []
+    spy = lambda self, *args, **kwargs: calls.append(args) or "python"  # noqa: E731
+    monkeypatch.setattr(type(tok), "_decode", spy)  # still the class's own: the Rust call decodes, not this
+    assert decode_texts(tok, rows) == expected and calls == []
+    monkeypatch.undo()
     bpe.clean_up_tokenization_spaces = True
     calls = []
     bpe.decode = lambda row, **kwargs: calls.append(row) or "own"  # what transformers would do, then clean up
