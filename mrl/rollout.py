@@ -162,7 +162,7 @@ class StopStrings:
     def __call__(self, input_ids: Tensor, scores: Tensor, **kwargs) -> Tensor:  # [N, L] -> [N] bool
         turn = input_ids[:, self.start:]
         first = max(0, turn.shape[1] - self.stops.window)
-        texts = self.tokenizer.batch_decode(turn[:, first:].tolist(), skip_special_tokens=False)
+        texts = decode_texts(self.tokenizer, turn[:, first:].tolist(), skip_special_tokens=False)
         return torch.tensor([spelled_stop(t, first == 0, self.stops) is not None for t in texts],
                             device=input_ids.device)
 
