@@ -152,8 +152,9 @@ class NativeDecoder:
         self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
         self.skinny = skinny_linears(self.model)
         # MLPs whose formula the decoder may spell out, to compute their projections by skinny_linear
+        own_mlps = mlp_classes()
         self.skinny_mlps = {layer.mlp for layer in self.decoder.layers
-                            if type(layer.mlp) in mlp_classes() and plain(layer.mlp)
+                            if type(layer.mlp) in own_mlps and plain(layer.mlp)
                             and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.skinny}
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,

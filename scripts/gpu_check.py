@@ -115,7 +115,7 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
         equal = (outputs[0] == outputs[1]).all(1).float().mean().item()
-        own_time = f", with its own draw {seconds[2]:.2f} s" if len(seconds) > 2 else ""
+        own_time = f", with its own draw {seconds[2]:.2f} s" if own_draw else ""
         print(f"  decoders, {name}, {rows} rows x {tokens} tokens: {equal:.0%} of rows equal; native "
               f"{seconds[0]:.2f} s{own_time}, HF generate {seconds[1]:.2f} s")
         if equal < 0.9:
