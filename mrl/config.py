@@ -137,6 +137,10 @@ class RewardsConfig:
     sandbox: Sandbox = Sandbox.bwrap
     # With `drop`: a channel that fails on every sample for this many steps in a row stops the run (0: never).
     max_failed_steps: int = 3
+    # The channel that says whether an episode solved the task: it passes when this channel's value is >= 1.0
+    # (BFCL's `correctness`, HumanEval's `pass_rate`).  Held-out evaluation reports accuracy and pass@k from it;
+    # null: the task has no pass/fail notion, and evaluation reports the channels' means only.
+    pass_channel: Optional[str] = None
 
 
 @dataclass
@@ -231,6 +235,13 @@ class TrainerConfig:
     # false; true = the latest checkpoint in this run dir; or a path to a checkpoint or a run dir.
     resume: Any = False
     device: str = "auto"  # auto = cuda if present, else cpu
+    # Held-out evaluation during training (mrl/evaluate.py): every `eval_every` steps, at step 0 (the base model) and
+    # at the last step, `eval_prompts` held-out prompts are scored greedy (eval/<channel>/mean, eval/accuracy) and,
+    # with `eval_samples` > 0, sampled that many times each (eval/pass@k for k = 1, 2, 4, ... <= eval_samples).
+    # eval_every 0: off.
+    eval_every: int = 0
+    eval_prompts: int = 32
+    eval_samples: int = 0
 
 
 @dataclass
