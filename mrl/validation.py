@@ -74,6 +74,10 @@ BOUNDS = [
     Bound("trainer.micro_batch_size", 1),
     Bound("trainer.num_mini_batches", 1, fix="optimizer steps per epoch over the batch"),
     Bound("trainer.save_every", 1, fix="a checkpoint every N steps (and at the end)"),
+    Bound("trainer.eval_every", 0, fix="a held-out evaluation every N steps (and at step 0 and the end); 0 turns it "
+                                       "off"),
+    Bound("trainer.eval_prompts", 1, fix="held-out prompts scored at each evaluation (32 by default)"),
+    Bound("trainer.eval_samples", 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only"),
     Bound("algo.adv_eps", 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)"),
     Bound("algo.epochs", 1, fix="passes over each batch"),
     Bound("algo.clip_low", 0, 1, below_high=True, fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; PPO "
@@ -150,7 +154,7 @@ def validate(cfg: DictConfig) -> None:
                         f"{t.max_new_tokens}: the penalty rises over the last overlong_buffer tokens of the budget")
     check_device(t.device)
     _check_ranks(cfg)
-    configured_channels(cfg.rewards, a)
+    check_pass_channel(cfg.rewards, list(configured_channels(cfg.rewards, a)[0]))
     _check_inputs(cfg)
     _check_lora(cfg)
 
@@ -224,6 +228,14 @@ def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[s
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise UserError(f"algo.weights.{name}={weight!r}: weights must be finite numbers")
     return channels, left_out
+
+
+def check_pass_channel(rewards: Any, names: list[str]) -> None:
+    """`rewards.pass_channel`, when set, is one of the task's channels (`names`)."""
+    chosen = rewards.pass_channel
+    if chosen is not None and chosen not in names:
+        raise UserError(f"rewards.pass_channel={chosen!r} is not a channel of rewards={rewards.name}: choose one of "
+                        f"{', '.join(names)} (an episode passes when it is >= 1), or null for no accuracy or pass@k")
 
 
 def _check_inputs(cfg: DictConfig) -> None:
