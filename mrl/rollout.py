@@ -317,8 +317,8 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
             completions[n] += turn.observation
             masks[n] += [0] * len(turn.observation)
             ended[n] = turn.ended
-            if turn.call is not None:
-                calls[n].append(turn.call)
+            if turn.calls:
+                calls[n] += turn.calls
                 if not turn.ended and sum(masks[n]) < budget_of and len(turns[n]) < protocol.max_turns:
                     still_active.append(n)
         active = still_active

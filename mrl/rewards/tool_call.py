@@ -9,8 +9,11 @@ from mrl.tasks.tool_call import episode_call
 
 
 def _tools(episode: Episode) -> dict[str, list[str]]:
-    expected = episode.prompt.meta["call"]
-    return episode.prompt.meta.get("tools") or {expected["name"]: list(_names(expected["arguments"]))}
+    """{tool name: parameter names}: the record's declarations, the built-in prompt's, or the called tool alone."""
+    prompt, expected = episode.prompt, episode.prompt.meta["call"]
+    if prompt.tools:
+        return {d["function"]["name"]: list(d["function"]["parameters"].get("properties", {})) for d in prompt.tools}
+    return prompt.meta.get("tools") or {expected["name"]: list(_names(expected["arguments"]))}
 
 
 def _names(arguments: Any) -> list:

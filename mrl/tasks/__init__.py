@@ -1,8 +1,10 @@
 """Tasks: where prompts come from, and the environment an episode runs in.
 
 A task is any object with `prompt(index) -> mrl.episode.Prompt` (the same index always gives the same prompt).
-Optional attributes make it an agent environment: `tools` ({name: mrl.protocols.Tool}), `max_turns`, and
-`answer_words` (words protocol: words that end the episode once the transcript holds one).  Which protocol the
+Optional attributes make it an agent environment: `tools` ({name: mrl.protocols.Tool}), `max_turns`,
+`answer_words` (words protocol: words that end the episode once the transcript holds one), and `parallel_calls`
+(chat protocol: a turn's calls are the answer and a turn may hold several; tasks whose tools never run).  A prompt's
+own `tools` (a dataset record's, BFCL's) replace the task's for its episodes.  Which protocol the
 episodes follow, the tiny model's words or the model's own chat format, is the model's choice (`model.tool_format`).
 """
 
@@ -19,18 +21,27 @@ from mrl.protocols import ToolProtocol, make_protocol
 
 
 class DatasetPrompts:
-    """A task whose prompts come from a dataset, with the tools and rules of a built-in task."""
+    """A task whose prompts come from a dataset, with the rules of a built-in task: its turn limit, answer words and
+    the tools that run (the environment, e.g. calc_agent's calculator).  The built-in task's declared-only tools
+    (tool_call's calc and lookup: answers of its own generator) never reach a dataset's episodes: a record declares
+    its own (`tools`), or the base task's `dataset_prompt(prompt)` completes the record (tool_call: the called tool
+    alone)."""
 
     def __init__(self, base: Any, dataset: DatasetTask):
         self.base, self.dataset = base, dataset
+        self.tools = {name: tool for name, tool in (getattr(base, "tools", None) or {}).items() if tool.fn is not None}
 
     def prompt(self, index: int) -> Prompt:
-        return self.dataset.prompt(index)
+        return self._completed(self.dataset.prompt(index))
 
     def eval_prompts(self) -> list[Prompt]:
-        return self.dataset.eval_prompts()
+        return [self._completed(p) for p in self.dataset.eval_prompts()]
 
-    def __getattr__(self, name: str) -> Any:  # tools, max_turns, answer_words: the base task's
+    def _completed(self, prompt: Prompt) -> Prompt:
+        complete = getattr(self.base, "dataset_prompt", None)
+        return complete(prompt) if complete is not None else prompt
+
+    def __getattr__(self, name: str) -> Any:  # max_turns, answer_words, parallel_calls: the base task's
         return getattr(self.base, name)
 
 
@@ -52,7 +63,8 @@ def episode_protocol(cfg: Any, tokenizer, task: Any) -> ToolProtocol:
     kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
     return make_protocol(tokenizer, model.tool_format, model.use_chat_template, kwargs,
                          getattr(task, "tools", None) or {}, getattr(task, "max_turns", 1),
-                         tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens)
+                         tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens,
+                         getattr(task, "parallel_calls", False))
 
 
 def held_out_prompts(task: Any, count: int) -> list[Prompt]:

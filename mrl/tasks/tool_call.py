@@ -2,7 +2,8 @@
 
 Built-in generator, sized for the tiny model: prompt `add 3 7 =` asks for the call `calc 3 7` (add -> calc,
 max -> lookup).  Real data (`data.path=...`): each record has `prompt` and `call` = {"name": ..., "arguments":
-{...} or [...]}, and optionally `tools` = {tool name: [parameter names]} (default: the called tool alone).
+{...} or [...]}, and optionally `tools`: the record's tool declarations (mrl/data.py), or {tool name: [parameter
+names]} (default: the called tool alone).  A dataset's episodes see the record's tools only, never calc and lookup.
 
 The tools are declared (JSON schemas) but never run: the call itself is graded.  The tiny model writes it out as
 words (`calc 3 7`); a chat model is asked in words ("What is 3 + 7? Answer by calling the right tool.") and calls
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
 from mrl.episode import Episode, Prompt
@@ -39,6 +41,18 @@ class ToolCallTask:
         return Prompt(text=f"{op} {' '.join(args)} =",
                       meta={"call": {"name": OP_TO_TOOL[op], "arguments": args}, "tools": TOOL_PARAMS},
                       messages=[{"role": "user", "content": question}])
+
+
+    def dataset_prompt(self, prompt: Prompt) -> Prompt:
+        """A dataset record without `tools` declares the tool it should call, alone (parameters from its arguments;
+        positional arguments are named a0, a1, ...)."""
+        if prompt.tools or "call" not in prompt.meta:
+            return prompt
+        call = prompt.meta["call"]
+        names = list(call["arguments"]) if isinstance(call["arguments"], dict) else \
+            [f"a{i}" for i in range(len(call["arguments"]))]
+        parameters = {"type": "object", "properties": {n: {} for n in names}, "required": names}
+        return replace(prompt, tools=[Tool(call["name"], "", parameters).schema])
 
 
 def episode_call(episode: Episode) -> tuple[str, Any] | None:
