@@ -125,21 +125,36 @@ def report(
 
 @app.command("eval")
 def evaluate(
-    run_dir: Path = typer.Argument(..., help="A run dir written by `mrl train`."),
+    args: Optional[List[str]] = typer.Argument(None, help="RUN_DIR (a run dir written by `mrl train`), or with "
+                                               "--model the config overrides (rewards=tool_call data.path=...)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Score this model dir (or builtin:tiny) untrained, "
+                                        "on the held-out prompts of conf/train.yaml composed with the overrides."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where eval.json and eval.jsonl go (default: "
+                                       "RUN_DIR, or a new dir under outputs/eval/ with --model)."),
     prompts: int = typer.Option(64, help="Held-out prompts to score."),
-    samples: int = typer.Option(4, help="Sampled episodes per prompt (plus one greedy)."),
+    samples: int = typer.Option(4, help="Sampled episodes per prompt, for pass@k (plus one greedy); 0: greedy only."),
 ) -> None:
-    """Per-channel means of the run's newest intact checkpoint on held-out prompts, greedy and sampled."""
+    """Score held-out prompts, greedy and sampled: per-channel means, and accuracy and pass@k where
+    rewards.pass_channel is set.  `mrl eval RUN_DIR`: the run's newest intact checkpoint.  `mrl eval --model DIR
+    [overrides...]`: a base model, no training."""
     from mrl.config import UserError
-    from mrl.evaluate import EVAL_FILE, format_table
-    from mrl.evaluate import evaluate as run_eval
+    from mrl.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
+    from mrl.evaluate import evaluate as evaluate_run
 
+    args = args or []
     try:
-        report = run_eval(run_dir, prompts, samples)
+        if model is not None:
+            report = evaluate_model(model, args, prompts, samples, out=out)
+        elif len(args) == 1 and "=" not in args[0]:
+            report = evaluate_run(Path(args[0]), prompts, samples, out=out)
+        else:
+            raise UserError(f"{' '.join(['mrl eval', *args])}: give one RUN_DIR, or --model DIR followed by config "
+                            "overrides (mrl eval --model models/smollm2-135m-instruct model=smollm2_local)")
     except UserError as err:
         exit_with_error(str(err))
     print(format_table(report))
-    print(f"\njson: {run_dir / EVAL_FILE}")
+    written = Path(report["out"])
+    print(f"\njson: {written / EVAL_FILE}\nper prompt: {written / EVAL_LINES}")
 
 
 @app.command("export")

@@ -47,6 +47,7 @@ from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
+from mrl.evaluate import eval_metrics, eval_prompts, score_held_out, separate_rng, summarize
 from mrl.lora import BaseReference, load_policy, uses_lora
 from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
@@ -76,6 +77,8 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     stop = StopSignals(agree=dist.max_over_ranks if dist.world_size() > 1 else None)
     metrics: dict[str, Any] = {}
     try:
+        if run.state["step"] == 0:
+            log_base_eval(cfg, run)  # the untrained model's held-out score: the eval curve's first point
         for step in range(run.state["step"] + 1, cfg.trainer.max_steps + 1):
             metrics = train_step(cfg, run, step, stop)
             stop.check()
@@ -133,6 +136,7 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     })
     episodes = [e for r in collected.rounds for e in r.episodes]
     metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
+    metrics.update(eval_if_due(cfg, run, step))  # held-out prompts, every trainer.eval_every steps
     log_step(cfg, run, step, metrics, collected)
     run.completed = dict(run.state)
     run.updating = False
@@ -240,6 +244,31 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
         if run.wandb is not None:
             run.wandb.log_samples(step, samples)
     run.progress.update(step, metrics)
+
+
+def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
+    """Phase 5: the held-out evaluation (mrl/evaluate.py) every `trainer.eval_every` steps, at step 0 (before any
+    update) and after the last: eval/<channel>/mean, eval/accuracy, eval/pass@k, eval/<category>/accuracy; {} when
+    not due.  Every rank scores the same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its
+    draws come from a separate RNG, so the training rollouts are those of a run without evaluations."""
+    trainer = cfg.trainer
+    if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
+        return {}
+    start = time.perf_counter()
+    prompts = eval_prompts(run.task, trainer.eval_prompts)
+    with separate_rng(trainer.seed, run.device), run.actor.whole():
+        held = score_held_out(run.engine, prompts, Sampling.of(trainer), trainer.eval_samples,
+                              episode_protocol(cfg, run.tokenizer, run.task), run.reward_set)
+    return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
+
+
+def log_base_eval(cfg: DictConfig, run: Run) -> None:
+    """Step 0's record in metrics.jsonl and W&B: the held-out evaluation of the model before training, if any."""
+    metrics = eval_if_due(cfg, run, 0)
+    if metrics:
+        run.metrics_file.log({"step": 0, **metrics})
+        if run.wandb is not None:
+            run.wandb.log({"step": 0, **metrics})
 
 
 def checkpoint_if_due(cfg: DictConfig, run: Run, step: int) -> None:
