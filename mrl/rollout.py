@@ -262,6 +262,26 @@ def auto_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_r
     return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
 
 
+_UNKNOWN_TOLD: "weakref.WeakSet[Any]" = weakref.WeakSet()  # tokenizers warn_unknown_tokens has warned about
+
+
+def warn_unknown_tokens(tokenizer, rows: list[list[int]], model) -> None:
+    """Say once per tokenizer (once per run) when a prompt's tokens are mostly (> 50%) the unknown token: the model
+    cannot read that text (the built-in tiny model's word-level vocabulary fed English prose), so nothing it learns
+    depends on the prompt.  rows: each prompt's token ids."""
+    unk = tokenizer.unk_token_id
+    if unk is None or tokenizer in _UNKNOWN_TOLD:
+        return
+    shares = [row.count(unk) / len(row) for row in rows if row]
+    mostly = [share for share in shares if share > 0.5]
+    if mostly:
+        _UNKNOWN_TOLD.add(tokenizer)
+        name = getattr(model, "name_or_path", None) or tokenizer.name_or_path
+        warn(f"{len(mostly)} of {len(rows)} prompts are mostly unknown tokens to {name} (up to {max(mostly):.0%} "
+             f"{tokenizer.unk_token}): the model cannot read them; use a model whose vocabulary covers the prompts "
+             "(the built-in tiny model knows only its tasks' words)")
+
+
 Decode = Callable[[Any, Tensor, Tensor, Any, Tensor | None, Sampling, int, list[int], int, Any], Tensor]
 
 
@@ -278,6 +298,7 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     """
     model = hf_model(model)  # a peft model's generate keeps its own generation_config: go to the HF model
     encoded = [protocol.prompt_ids(p) for p in prompts]
+    warn_unknown_tokens(tokenizer, encoded, model)
     prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
     # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the
     # group's rows.  Inputs are then [the prompt, left-padded to P | the episode so far, left-padded], so that
