@@ -173,7 +173,7 @@ def test_load_entries_joins_ground_truth_and_schemas_are_json_schema(category):
             assert tool["type"] == "function" and set(tool["function"]) == {"name", "description", "parameters"}
             assert tool["function"]["parameters"]["type"] == "object"
             _assert_json_schema(tool["function"]["parameters"], f"{entry['id']}:{tool['function']['name']}")
-        assert bfcl.messages(entry)[-1]["role"] in ("user", "assistant")
+        assert bfcl.messages(entry)[-1]["role"] == "user"  # every first turn ends with the request
 
 
 def _assert_json_schema(schema, where):
