@@ -10,7 +10,9 @@ Grading happens here, in the trusted process; the sandbox only runs the program 
     program (calls of, and attributes or names from, the program: `f(2)`). Only the probes' source text goes to the
     sandbox, which evaluates each one after running the program and sends back its value as JSON, plain data only
     (None, bool, int, float, str, bytes, complex, and lists, tuples, dicts, sets of those, of these exact types:
-    an object with its own `__eq__` or a subclass of int fails that test with `NotPlainData`). The trainer rebuilds
+    an object with its own `__eq__` or a subclass of int fails that test with `NotPlainData`; an int of 64 bits or
+    more travels as hex text, which is linear to write and read and free of Python's 4,300-digit int-str limit, so
+    an honest `math.factorial(2000)` comes back whole, and `max_value_bytes` caps its size). The trainer rebuilds
     the value from builtins and evaluates the rest of the test itself: literals, operators, comparisons, indexing
     and a few pure builtins (`len`, `sorted`, `math.isclose`, ...; `SAFE_FUNCS`). A test that needs more (a lambda or
     comprehension around the program's values) fails with `UnsupportedTest` rather than run outside the trainer.
@@ -58,6 +60,7 @@ import marshal
 import math
 import operator
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -71,7 +74,8 @@ from dataclasses import dataclass, field
 from mrl.config import Sandbox, UserError
 
 __all__ = ["SandboxLimits", "TestOutcome", "SandboxResult", "SandboxUnavailable", "run_tests", "run_tests_many",
-           "check_sandbox", "sandbox_name", "SANDBOXES", "SAFE_FUNCS", "RUNNER"]
+           "check_sandbox", "sandbox_name", "test_error", "passes_if_every_probe_returns", "SANDBOXES", "SAFE_FUNCS",
+           "MATH", "RUNNER"]
 
 SANDBOXES = tuple(s.value for s in Sandbox)
 FILE_SIZE_LIMIT = 1 << 20  # RLIMIT_FSIZE for files the code writes inside its directory
@@ -125,6 +129,7 @@ class SandboxResult:
 
 MAX_ITEMS = 10**6  # a sequence the trainer builds while grading (repetition, range) may not be longer than this
 MAX_DEPTH = 100  # nesting of a plain value
+HEX_INT = re.compile(r"-?[0-9a-f]+")  # an int of 64+ bits comes back as {"int": hex}; int(x, 16) alone takes "0x_1"
 
 
 def _range(*args):
@@ -281,6 +286,24 @@ def _parse_source(source: str) -> _Expr | _Bad:
         return _Bad("UnsupportedTest")
 
 
+def test_error(test: str | dict) -> str | None:
+    """None when the trainer can grade `test`, else the error each of its runs would fail with: "SyntaxError" or
+    "UnsupportedTest" (for a task to refuse such a test when it loads, rather than score 0 on it)."""
+    parsed = _parse_test(test)
+    return parsed.error if isinstance(parsed, _Bad) else None
+
+
+test_error.__test__ = False  # not a pytest test
+
+
+def passes_if_every_probe_returns(test: str, value: object) -> bool:
+    """Whether the expression test `test` would pass if every call into the program returned `value` (graded here,
+    nothing runs): `passes_if_every_probe_returns("f([]) == None", None)` -> True.  For a task to find the tests a
+    trivial answer (a `pass` body) passes; False for an I/O test or one the trainer cannot grade."""
+    parsed = _parse_test(test)
+    return isinstance(parsed, _Expr) and _grade(parsed, [("v", value)] * len(parsed.probes)).passed
+
+
 def _parse_test(test: str | dict) -> _Expr | _IO | _Bad:
     if isinstance(test, dict):
         return _IO(test["stdin"], test["stdout"])
@@ -398,6 +421,8 @@ def _decode(x, depth: int = 0):
                 return dict(zip(keys, (_decode(v, depth + 1) for _, v in body)))
             if tag == "bytes" and type(body) is str:
                 return bytes.fromhex(body)
+            if tag == "int" and type(body) is str and HEX_INT.fullmatch(body):
+                return int(body, 16)  # base 16 is linear and exempt from the int-str limit; the result cap bounds it
             if tag == "float" and body in ("nan", "inf", "-inf"):
                 return float(body)
             if tag == "complex" and type(body) is list and len(body) == 2:
@@ -431,7 +456,7 @@ def _main():
     code, probes, runs, lim = data["code"], data["probes"], data["io"], data["limits"]
     max_value = int(lim["value"])
     write, exit_now, _type, _repr, _len = os.write, os._exit, type, repr, len
-    int_repr, float_repr = int.__repr__, float.__repr__
+    int_repr, int_format, bit_length, float_repr = int.__repr__, int.__format__, int.bit_length, float.__repr__
 
     def ename(exc):
         try:
@@ -602,7 +627,13 @@ def _main():
         elif t is bool:
             out.append("true" if v else "false")
         elif t is int:
-            out.append(int_repr(v))
+            bits = bit_length(v)
+            if bits < 64:
+                out.append(int_repr(v))
+            elif bits // 4 > max_value:  # before formatting it: the hex text alone would be over the cap
+                raise TooLarge()
+            else:  # hex: linear time and free of the int-str limit (math.factorial(2000) has 5,736 digits)
+                out.append('{"int":"%s"}' % int_format(v, "x"))
         elif t is float:
             out.append(float_repr(v) if v - v == 0 else '{"float":"%s"}' % float_repr(v))
         elif t is str:

@@ -324,3 +324,31 @@ def test_missing_bwrap_refuses_in_one_line(monkeypatch):
     finally:
         sandbox._bwrap_base.cache_clear()
         sandbox._check_runs.cache_clear()
+
+
+def test_large_ints_come_back_as_hex_text_and_forged_ones_are_refused():
+    import math
+
+    from mrl.sandbox import _parse
+
+    # 2000! has 5,736 digits (over the int-str limit of 4,300): it comes back whole and compares here.
+    code = "import math\ndef f(n):\n    return math.factorial(n)\ndef g(n):\n    return 1 << n\n"
+    res = run_tests(code, [f"f(2000) % 1000000007 == {math.factorial(2000) % 1_000_000_007}",
+                           "f(2000) // 10 ** 5735 == 3", "-g(63) == -9223372036854775808", "g(62) == 2 ** 62",
+                           "g(9_000_000) > 0"], LIMITS)
+    assert [(o.passed, o.error) for o in res.outcomes] == [(True, None)] * 4 + [(False, "ValueTooLarge")]
+    # On the wire: {"int": lowercase hex}; an int body, a 0x prefix or underscores are not plain data.
+    raw = b'{"ev":"loaded"}\n{"p":0,"v":{"int":"-ff"}}\n{"p":1,"v":{"int":255}}\n{"p":2,"v":{"int":"0xff"}}\n' \
+          b'{"p":3,"v":{"int":"f_f"}}'
+    assert _parse(raw, n_probes=4, n_io=0).probes == {0: ("v", -255), 1: ("e", "NotPlainData"),
+                                                      2: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
+
+
+def test_test_error_and_passes_if_every_probe_returns():
+    from mrl.sandbox import passes_if_every_probe_returns, test_error
+
+    assert [test_error(t) for t in ["f(1) == 2", "assert f(1)", "[f(i) for i in x]", "f(", {"stdin": "", "stdout": ""}]
+            ] == [None, None, "UnsupportedTest", "SyntaxError", None]
+    assert [passes_if_every_probe_returns(t, None) for t in ["f([]) == None", "not f(2)", "f(2) == 0", "len(f(1)) == 0",
+                                                             "f(", {"stdin": "", "stdout": ""}]] == [
+        True, True, False, False, False, False]

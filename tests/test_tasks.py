@@ -261,6 +261,21 @@ def test_code_markdown_fence_is_stripped_without_wrap():
     assert code_scores([fenced, bare_fence, plain]) == ([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
 
 
+def test_code_wrap_replaces_only_its_placeholder_and_a_prefix_is_completed():
+    from mrl.config import UserError
+
+    braces = Prompt("keys", meta={"tests": ["f(1) == {'k': 1}"], "wrap": "def f(x):\n    return {'k': {completion}}\n"})
+    assert program(episode(braces, " x ")) == "def f(x):\n    return {'k': x}\n"  # str.format raised on `{'k'`
+    with pytest.raises(UserError, match="no {completion} placeholder"):
+        program(episode(Prompt("x", meta={"tests": [], "wrap": "def f(x):\n    return x\n"}), "x"))
+    prefix = 'def f(x):\n    """{x}: a docstring with braces."""\n'
+    record = Prompt(prefix, meta={"tests": ["f(2) == 4"], "prefix": prefix, "entry_point": "f"})
+    assert program(episode(record, "return x * 2")) == prefix + "    return x * 2\n"
+    assert code_scores([episode(braces, "x"), episode(record, "return x * 2")])[0] == [1.0, 1.0]
+    with pytest.raises(UserError, match="needs its entry_point"):
+        program(episode(Prompt(prefix, meta={"tests": [], "prefix": prefix}), "return x"))
+
+
 def test_code_batched_channels_keep_order_and_run_duplicates_once(monkeypatch):
     runs: list[str] = []
     real = code_rewards.run_tests_many
