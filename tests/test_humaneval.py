@@ -274,3 +274,19 @@ def test_missing_package_names_the_make_target(monkeypatch):
     finally:
         monkeypatch.undo()
         humaneval._problems.cache_clear()
+
+
+def test_rewards_humaneval_composes_and_builds_its_task_and_channels():
+    from conftest import compose_config
+    from hydra.utils import instantiate
+
+    cfg = compose_config("rewards=humaneval", "algo=gdpo", f"rewards.sandbox={SANDBOX}")
+    assert (cfg.rewards.name, cfg.rewards.pass_channel) == ("humaneval", "pass_rate")
+    assert list(cfg.rewards.channels) == ["pass_rate", "bug_ratio", "length"]
+    assert [cfg.rewards.channels[c].weight for c in cfg.rewards.channels] == [1.0, 1.0, 1.0]
+    task = instantiate(cfg.rewards.task)
+    assert isinstance(task, HumanEvalTask) and len(task.eval_prompts()) == 33
+    channel = instantiate(cfg.rewards.channels.pass_rate.fn)
+    problem = PROBLEMS["HumanEval/23"]
+    prompt = next(p for p in task.train + task.eval if p.meta["task_id"] == "HumanEval/23")
+    assert channel([_episode(prompt, problem["canonical_solution"]), _episode(prompt, "    pass\n")]) == [1.0, 0.0]
