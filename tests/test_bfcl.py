@@ -220,15 +220,7 @@ def oracle():
             del sys.modules[name]
 
 
-def _gold(entry):
-    """One call per ground-truth call: each argument's first allowed value; optional ones whose first is "" left out."""
-    # A few live_simple answers allow nothing (`"acc_routing_start": []`, meant as "the empty list"): BFCL fails any
-    # value there, and so fails these entries' gold calls too.
-    def first(allowed):
-        return allowed[0] if allowed else []
-
-    return [(name, {arg: first(allowed) for arg, allowed in args.items() if first(allowed) != ""})
-            for answer in entry["ground_truth"] for name, args in answer.items()]
+_gold = bfcl.gold_calls
 
 
 def _not_allowed(value, allowed):
