@@ -125,8 +125,9 @@ def report(
 
 @app.command("eval")
 def evaluate(
-    args: Optional[List[str]] = typer.Argument(None, help="RUN_DIR (a run dir written by `mrl train`), or with "
-                                               "--model the config overrides (rewards=tool_call data.path=...)."),
+    args: Optional[List[str]] = typer.Argument(None, help="RUN_DIR (a run dir written by `mrl train`) and key=value "
+                                               "overrides of its config, or with --model the config overrides "
+                                               "(rewards=tool_call data.path=...)."),
     model: Optional[str] = typer.Option(None, "--model", help="Score this model dir (or builtin:tiny) untrained, "
                                         "on the held-out prompts of conf/train.yaml composed with the overrides."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where eval.json and eval.jsonl go (default: "
@@ -135,8 +136,8 @@ def evaluate(
     samples: int = typer.Option(4, help="Sampled episodes per prompt, for pass@k (plus one greedy); 0: greedy only."),
 ) -> None:
     """Score held-out prompts, greedy and sampled: per-channel means, and accuracy and pass@k where
-    rewards.pass_channel is set.  `mrl eval RUN_DIR`: the run's newest intact checkpoint.  `mrl eval --model DIR
-    [overrides...]`: a base model, no training."""
+    rewards.pass_channel is set.  `mrl eval RUN_DIR key=value ...`: the run's newest intact checkpoint.
+    `mrl eval --model DIR override ...`: a base model, no training."""
     from mrl.config import UserError
     from mrl.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
     from mrl.evaluate import evaluate as evaluate_run
@@ -145,11 +146,12 @@ def evaluate(
     try:
         if model is not None:
             report = evaluate_model(model, args, prompts, samples, out=out)
-        elif len(args) == 1 and "=" not in args[0]:
-            report = evaluate_run(Path(args[0]), prompts, samples, out=out)
+        elif args and "=" not in args[0]:
+            report = evaluate_run(Path(args[0]), prompts, samples, out=out, overrides=args[1:])
         else:
-            raise UserError(f"{' '.join(['mrl eval', *args])}: give one RUN_DIR, or --model DIR followed by config "
-                            "overrides (mrl eval --model models/smollm2-135m-instruct model=smollm2_local)")
+            raise UserError(f"{' '.join(['mrl eval', *args])}: give a RUN_DIR (then key=value overrides, if any), or "
+                            "--model DIR followed by config overrides (mrl eval --model models/smollm2-135m-instruct "
+                            "model=smollm2_local)")
     except UserError as err:
         exit_with_error(str(err))
     print(format_table(report))

@@ -22,6 +22,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from mrl.config import CONF_DIR, TrainConfig, UserError
@@ -74,7 +75,7 @@ class HeldOut:
 def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampling, samples: int, protocol,
                    reward_set: RewardSet) -> HeldOut:
     """Generate and score the held-out episodes: greedy (one per prompt) and, with `samples` > 0, sampled per
-    `sampling`.  A failing channel is recorded (NaN), not raised: an evaluation must not stop a training run."""
+    `sampling` (the training's temperature, top_p, top_k: pass@k of the distribution the run samples from).  A failing channel is recorded (NaN), not raised: an evaluation must not stop a training run."""
     greedy = engine.generate(prompts, 1, replace(sampling, greedy=True), protocol)
     greedy.rewards, greedy.failed = reward_set.score(greedy.episodes, "drop")
     sampled = None
@@ -184,7 +185,7 @@ def separate_rng(seed: int, device: torch.device) -> Iterator[None]:
             np.random.set_state(numpy)
 
 
-def eval_prompts(task: Any, count: int) -> list[Prompt]:
+def nonempty_held_out(task: Any, count: int) -> list[Prompt]:
     """`count` held-out prompts of `task` (fewer when its held-out split is smaller), refusing none at all."""
     prompts = held_out_prompts(task, count)
     if not prompts:
@@ -213,13 +214,14 @@ def run_config(run_dir: Path):
     return OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(saved))
 
 
-def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0,
-             out: Path | None = None) -> dict[str, Any]:
-    """`mrl eval RUN_DIR`: score the run's newest intact checkpoint on `num_prompts` held-out prompts, one greedy
-    and `samples` sampled episodes each.  Writes eval.json and eval.jsonl to `out` (default: RUN_DIR); returns
+def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0, out: Path | None = None,
+             overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """`mrl eval RUN_DIR [key=value...]`: score the run's newest intact checkpoint on `num_prompts` held-out
+    prompts, one greedy and `samples` sampled episodes each, with the run's config changed by `overrides` (plain
+    keys, such as data.path=other.jsonl).  Writes eval.json and eval.jsonl to `out` (default: RUN_DIR); returns
     eval.json's content."""
     check_counts(num_prompts, samples)
-    cfg = run_config(run_dir)
+    cfg = with_overrides(run_config(run_dir), overrides)
     if not checkpoint_candidates(run_dir):
         raise UserError(f"{run_dir}: no checkpoint to evaluate (checkpoints/ holds none)")
     checkpoint, damaged = newest_intact(run_dir)  # a damaged checkpoint is skipped, with a warning
@@ -233,6 +235,21 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     policy = load_for_inference(checkpoint, cfg.model, device).eval()  # LoRA: adapters merged into the base
     header = {"run_dir": str(run_dir), "checkpoint": checkpoint.name}
     return evaluate_policy(cfg, policy, tokenizer, device, num_prompts, samples, seed, header, out or run_dir)
+
+
+def with_overrides(cfg, overrides: Sequence[str]):
+    """A run's config with `key=value` overrides merged in (keys only: a group choice such as rewards=... would need
+    the run's config composed again)."""
+    if not overrides:
+        return cfg
+    groups = [o for o in overrides if "." not in o.split("=", 1)[0] or "=" not in o]
+    if groups:
+        raise UserError(f"{groups[0]}: a run's config takes key=value overrides (data.path=..., "
+                        "rewards.pass_channel=...), not a group choice; to score with other rewards, use --model")
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as err:
+        raise UserError(f"overrides {' '.join(overrides)}: {str(err).splitlines()[0]}") from None
 
 
 def evaluate_model(model: str, overrides: Sequence[str] = (), num_prompts: int = 64, samples: int = 4,
@@ -264,7 +281,6 @@ def compose_for_eval(overrides: Sequence[str], model: str):
     after composing (a path needs no override quoting).  A bad override is a one-line UserError."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
     import mrl.config  # noqa: F401  registers the schemas
 
@@ -290,7 +306,7 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
                     header: dict[str, Any], out: Path) -> dict[str, Any]:
     """Score `policy` on the held-out prompts of `cfg`'s task and write out/eval.json and out/eval.jsonl."""
     task = build_task(cfg)
-    prompts = eval_prompts(task, num_prompts)
+    prompts = nonempty_held_out(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, policy, tokenizer, device)
     with separate_rng(seed, device):

@@ -47,7 +47,7 @@ from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable
 from mrl.episode import agent_metrics, sample_records
-from mrl.evaluate import eval_metrics, eval_prompts, score_held_out, separate_rng, summarize
+from mrl.evaluate import eval_metrics, nonempty_held_out, score_held_out, separate_rng, summarize
 from mrl.lora import BaseReference, load_policy, uses_lora
 from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
@@ -255,7 +255,7 @@ def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
     if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
         return {}
     start = time.perf_counter()
-    prompts = eval_prompts(run.task, trainer.eval_prompts)
+    prompts = nonempty_held_out(run.task, trainer.eval_prompts)
     with separate_rng(trainer.seed, run.device), run.actor.whole():
         held = score_held_out(run.engine, prompts, Sampling.of(trainer), trainer.eval_samples,
                               episode_protocol(cfg, run.tokenizer, run.task), run.reward_set)

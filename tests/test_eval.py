@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from mrl import loop
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt, ToolCall
-from mrl.evaluate import HeldOut, eval_metrics, pass_at_k, pass_ks, prompt_records, summarize
+from mrl.evaluate import HeldOut, eval_metrics, nonempty_held_out, pass_at_k, pass_ks, prompt_records, summarize
 from mrl.loop import train
 from mrl.models import resolve_model_path
 from mrl.report import make_report
@@ -86,6 +86,21 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
     assert len(lines) == 1 and lines[0].startswith("mrl: error: "), result.stderr
     assert "Traceback" not in result.stderr
     return lines[0]
+
+
+def test_eval_of_a_run_with_overrides_of_its_config(trained_run, tmp_path):
+    out = tmp_path / "out"
+    result = mrl("eval", str(trained_run), "rewards.pass_channel=correctness", "--prompts", "2", "--samples", "0",
+                 "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "eval.json").read_text())
+    assert report["pass_channel"] == "correctness" and report["accuracy"] in (0.0, 0.5, 1.0)
+    assert report["sampled"] is None and report["pass@k"] == {}  # --samples 0: greedy only
+    assert [json.loads(line)["passed"] in (True, False) for line in (out / "eval.jsonl").read_text().splitlines()] \
+        == [True, True]
+    line = one_line_error(mrl("eval", str(trained_run), "rewards=tool_call", "--out", str(tmp_path / "o2"),
+                              cwd=tmp_path))
+    assert "rewards=tool_call: a run's config takes key=value overrides" in line and not (tmp_path / "o2").exists()
 
 
 def test_eval_of_a_dir_that_is_not_a_run(tmp_path):
@@ -312,7 +327,7 @@ def test_eval_of_a_base_model_writes_eval_json_and_one_line_per_prompt(tmp_path)
     (["--model", "builtin:tiny", "--prompts", "0"], "--prompts 0: give at least 1 held-out prompt"),
     (["--model", "builtin:tiny", "rewards.pass_channel=nope"], "rewards.pass_channel='nope' is not a channel"),
     (["--model", "builtin:tiny", "rewards=nope"], "Could not find 'rewards/nope'"),
-    ([], "give one RUN_DIR, or --model DIR"),
+    ([], "give a RUN_DIR (then key=value overrides, if any), or --model DIR"),
 ])
 def test_eval_of_bad_input_is_one_line_and_writes_nothing(args, expected, tmp_path):
     out = tmp_path / "out"
@@ -336,3 +351,12 @@ def test_prompts_mostly_unknown_to_the_tokenizer_are_a_warning_once(cfg, model, 
     assert f"1 of 3 prompts are mostly unknown tokens to {model.name_or_path} (up to 100% <unk>)" in err
     generate(model, tokenizer, english, 1, sampling, protocol, CPU)
     assert "unknown" not in capsys.readouterr().err  # once per run
+
+
+def test_a_task_without_held_out_prompts_is_refused():
+    class NoneHeldOut:
+        def eval_prompts(self):
+            return []
+
+    with pytest.raises(UserError, match="no held-out prompts .* data.eval_fraction > 0"):
+        nonempty_held_out(NoneHeldOut(), 8)
