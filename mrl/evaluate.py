@@ -75,7 +75,8 @@ class HeldOut:
 def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampling, samples: int, protocol,
                    reward_set: RewardSet) -> HeldOut:
     """Generate and score the held-out episodes: greedy (one per prompt) and, with `samples` > 0, sampled per
-    `sampling` (the training's temperature, top_p, top_k: pass@k of the distribution the run samples from).  A failing channel is recorded (NaN), not raised: an evaluation must not stop a training run."""
+    `sampling` (the training's temperature, top_p, top_k: pass@k of the distribution the run samples from).  A
+    failing channel is recorded (NaN), not raised: an evaluation must not stop a training run."""
     greedy = engine.generate(prompts, 1, replace(sampling, greedy=True), protocol)
     greedy.rewards, greedy.failed = reward_set.score(greedy.episodes, "drop")
     sampled = None

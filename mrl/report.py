@@ -148,6 +148,8 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
         for ax in row[used:]:
             ax.set_visible(False)
     axes[0][0].set_ylabel("mean reward")
+    if held_out:
+        axes[1][0].set_ylabel("held-out (greedy)")
     fig.tight_layout()
     png = out or (paths[0] / "report.png")
     png.parent.mkdir(parents=True, exist_ok=True)
