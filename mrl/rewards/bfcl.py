@@ -49,3 +49,18 @@ class NoCall:
         if not _irrelevant(episode):
             return None
         return -1.0 if episode_calls(episode) else 0.0
+
+
+class RightFunctions:
+    """Partial credit BFCL does not give: 1.0 when the episode calls exactly the functions the ground truth calls
+    (as a multiset, any order), whatever their arguments, else 0.0.  A denser signal than correctness for a model
+    that rarely gets every argument right at first.  Abstains on irrelevance records (no_call grades those).
+
+    Ground truth [get_weather, get_time]: calls get_time + get_weather -> 1.0; get_weather alone -> 0.0.
+    """
+
+    def __call__(self, episode: Episode) -> float | None:
+        if _irrelevant(episode):
+            return None
+        wanted = sorted(name for answer in episode.prompt.meta["ground_truth"] for name in answer)
+        return float(sorted(name for name, _ in episode_calls(episode)) == wanted)

@@ -1,0 +1,122 @@
+"""rewards=bfcl end to end: BFCL records as prompts (their own tools and messages, a held-out split fixed by id,
+few-shot), the model's calls read from its chat format, and the channels' values on hand-made episodes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import compose_config
+from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model fixtures
+
+from mrl.benchmarks import bfcl
+from mrl.config import UserError
+from mrl.episode import Episode, Prompt, ToolCall
+from mrl.protocols import ChatProtocol
+from mrl.rewards.bfcl import Correctness, Format, NoCall, RightFunctions
+from mrl.rewards.channels import build_reward_set
+from mrl.tasks import build_task, episode_protocol
+from mrl.tasks.bfcl import BfclTask, held_out
+
+
+def answer(*calls: tuple[str, dict]) -> str:
+    return "".join(f'<tool_call>{json.dumps({"name": n, "arguments": a})}</tool_call>' for n, a in calls) \
+        + "<|im_end|>"
+
+
+def episode(prompt: Prompt, *calls: ToolCall) -> Episode:
+    return Episode(prompt, "", [], 5, False, 64, list(calls))
+
+
+@pytest.fixture(scope="module")
+def simple():
+    return BfclTask(["simple_python"], seed=0)
+
+
+def test_the_held_out_split_is_fixed_by_record_id(simple):
+    other = BfclTask(["simple_python", "multiple"], seed=7)
+    held = {e["id"] for e in simple.eval}
+    assert held == {e["id"] for e in other.eval if e["category"] == "simple_python"}  # whatever the seed or mix
+    assert not held & {e["id"] for e in simple.train} and len(held) + len(simple.train) == 400
+    assert 60 <= len(held) <= 100 and all(held_out(i, 20) for i in held)
+    assert {simple.prompt(i).meta["id"] for i in range(len(simple))} == {e["id"] for e in simple.train}
+
+
+def test_a_prompt_carries_the_records_tools_messages_and_ground_truth(simple):
+    entry = simple.eval[0]
+    prompt = simple.eval_prompts()[0]
+    assert prompt.tools == bfcl.tool_schemas(entry) and prompt.messages == bfcl.messages(entry)
+    assert prompt.text == entry["question"][0][-1]["content"]
+    assert prompt.meta == {k: entry[k] for k in ("id", "category", "ground_truth", "function")}
+
+
+def test_fewshot_shows_solved_train_records_and_declares_their_functions():
+    task = BfclTask(["simple_python"], seed=0, fewshot=1)
+    prompt, entry = task.eval_prompts()[0], task.eval[0]
+    shot_user, shot_call, question = prompt.messages
+    assert (shot_user["role"], shot_call["role"], question["role"]) == ("user", "assistant", "user")
+    (call,) = shot_call["tool_calls"]
+    shot = next(e for e in task.train if e["question"][0][-1]["content"] == shot_user["content"])
+    assert bfcl.grade(shot, [(call["function"]["name"], call["function"]["arguments"])])  # a right answer
+    names = [t["function"]["name"] for t in prompt.tools]
+    assert names[0] == entry["function"][0]["name"] and call["function"]["name"] in names
+    assert task.eval_prompts()[0] == prompt  # the same shots every time
+
+
+def test_bad_task_settings_are_one_line():
+    with pytest.raises(UserError, match="categories is empty"):
+        BfclTask([])
+    with pytest.raises(UserError, match="simple_java.*choose|supported"):
+        BfclTask(["simple_java"])
+    with pytest.raises(UserError, match="force a call on the irrelevance"):
+        BfclTask(["irrelevance"], answer_prefix="<tool_call>")
+
+
+def test_channels_on_hand_made_episodes():
+    entry = next(e for e in bfcl.load_entries("parallel") if e["id"] == "parallel_0")
+    prompt = BfclTask(["parallel"]).to_prompt(entry)  # spotify.play twice: Taylor Swift 20, Maroon 5 15
+    swift, maroon = ("spotify.play", {"artist": "Taylor Swift", "duration": 20}), \
+        ("spotify.play", {"artist": "Maroon 5", "duration": 15})
+    channels = (Format(), Correctness(), RightFunctions(), NoCall())
+
+    def values(*calls: ToolCall):
+        return tuple(c(episode(prompt, *calls)) for c in channels)
+
+    assert values(ToolCall(*maroon), ToolCall(*swift)) == (1.0, 1.0, 1.0, None)  # any order
+    assert values(ToolCall(*swift)) == (1.0, 0.0, 0.0, None)  # one call dropped
+    assert values(ToolCall(*swift), ToolCall("spotify.play", {**maroon[1], "duration": "15"})) == \
+        (1.0, 0.0, 1.0, None)  # "15" is no integer
+    assert values(ToolCall(*swift), ToolCall(*maroon), ToolCall("", {}, "error: not JSON", valid=False)) == \
+        (0.0, 1.0, 1.0, None)  # an unparseable block is no call to BFCL, but not well formed
+    assert values() == (0.0, 0.0, 0.0, None)
+    irrelevant = BfclTask(["irrelevance"]).to_prompt(bfcl.load_entries("irrelevance")[0])
+    bmi = ToolCall("determine_body_mass_index", {"weight": 70, "height": 1.8})
+    assert tuple(c(episode(irrelevant)) for c in channels) == (None, 1.0, None, 0.0)
+    assert tuple(c(episode(irrelevant, bmi)) for c in channels) == (None, 0.0, None, -1.0)
+    garbled = ToolCall("", {}, "error: not JSON", valid=False)
+    assert tuple(c(episode(irrelevant, garbled)) for c in channels) == (None, 1.0, None, 0.0)
+
+
+def test_a_models_calls_to_the_records_tools_are_read_and_graded(tok):  # noqa: F811
+    task = BfclTask(["parallel"])
+    prompt = task.to_prompt(next(e for e in bfcl.load_entries("parallel") if e["id"] == "parallel_0"))
+    protocol = ChatProtocol(tok, {}, parallel_calls=task.parallel_calls)
+    assert "spotify.play" in tok.decode(protocol.prompt_ids(prompt))  # the record's own tool reaches the model
+    reply = answer(("spotify.play", {"artist": "Maroon 5", "duration": 15}),
+                   ("spotify.play", {"artist": "Taylor Swift", "duration": 20}))
+    r, _ = rollout(tok, protocol, lambda t: reply, [prompt], max_new=400)
+    ep = r.episodes[0]
+    assert [c.valid for c in ep.tool_calls] == [True, True] and not ep.truncated
+    assert (Format()(ep), Correctness()(ep)) == (1.0, 1.0)
+
+
+def test_the_preset_composes_and_builds(tok):  # noqa: F811
+    cfg = compose_config("rewards=bfcl", "rewards.task.categories=[simple_python,irrelevance]")
+    task = build_task(cfg)
+    reward_set = build_reward_set(cfg.rewards, cfg.algo)
+    assert reward_set.names[:4] == ["format", "correctness", "right_functions", "no_call"]
+    assert cfg.rewards.pass_channel == "correctness"
+    assert {p.meta["category"] for p in task.eval_prompts()} == {"simple_python", "irrelevance"}
+    cfg.model.use_chat_template = True
+    protocol = episode_protocol(cfg, tok, task)
+    assert protocol.parallel_calls and protocol.stops.strings == ()  # a turn's calls end only with the turn
