@@ -246,6 +246,30 @@ def split_train_eval(items: list, eval_fraction: float, seed: int) -> tuple[list
     return train_items, eval_items
 
 
+class EpochStream:
+    """`items` served as an endless stream, reshuffled each epoch: index i is item i % n of epoch i // n, whose order
+    is a `random.Random(f"{key}/{epoch}")` shuffle.  The same index always gives the same item, and every item
+    appears once per epoch (the train split of every dataset-backed task)."""
+
+    def __init__(self, items: list, key: Any):
+        self.items, self.key = items, key
+        self._epoch: int | None = None
+        self._order: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        if index < 0:
+            raise IndexError(f"prompt index must be >= 0, got {index}")
+        epoch, pos = divmod(index, len(self.items))
+        if epoch != self._epoch:  # one epoch at a time: the stream walks forward
+            self._order = list(range(len(self.items)))
+            random.Random(f"{self.key}/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self.items[self._order[pos]]
+
+
 class DatasetTask:
     """A task over a local dataset's prompts: `prompt(index)` walks the train split, reshuffled each epoch.
 
@@ -262,25 +286,14 @@ class DatasetTask:
         if not self.train:
             raise UserError(f"dataset {self.path!r} has no train prompts ({len(prompts)} records, "
                             f"eval_fraction={eval_fraction}); point it at a dataset with at least one record")
-        self._epoch: int | None = None
-        self._order: list[int] = []
+        self._stream = EpochStream(self.train, seed)
 
     def __len__(self) -> int:
         return len(self.train)
 
-    def _epoch_order(self, epoch: int) -> list[int]:
-        if epoch != self._epoch:
-            order = list(range(len(self.train)))
-            random.Random(f"{self.seed}/{epoch}").shuffle(order)
-            self._epoch, self._order = epoch, order
-        return self._order
-
     def prompt(self, index: int) -> Prompt:
         """Train prompt number `index` of the stream: the same index always gives the same prompt."""
-        if index < 0:
-            raise IndexError(f"prompt index must be >= 0, got {index}")
-        epoch, pos = divmod(index, len(self.train))
-        return self.train[self._epoch_order(epoch)[pos]]
+        return self._stream[index]
 
     def eval_prompts(self) -> list[Prompt]:
         """The held-out prompts, never served by `prompt()`."""

@@ -50,7 +50,7 @@ import re
 import types
 
 from mrl.config import UserError
-from mrl.data import split_train_eval
+from mrl.data import EpochStream, split_train_eval
 from mrl.episode import Prompt
 from mrl.sandbox import MATH, SAFE_FUNCS, SandboxLimits, passes_if_every_probe_returns, run_tests, test_error
 from mrl.tasks.code import complete_function
@@ -347,21 +347,14 @@ class HumanEvalTask:
     def __init__(self, seed: int = 0, eval_fraction: float = 0.2):
         self.seed = seed
         self.train, self.eval = split_train_eval([_prompt(p) for p in _problems()], eval_fraction, SPLIT_SEED)
-        self._orders: dict[int, list[int]] = {}
+        self._stream = EpochStream(self.train, seed)
 
     def __len__(self) -> int:
         return len(self.train)
 
     def prompt(self, index: int) -> Prompt:
         """Train prompt number `index` of the stream: the same index always gives the same prompt."""
-        if index < 0:
-            raise IndexError(f"prompt index must be >= 0, got {index}")
-        epoch, pos = divmod(index, len(self.train))
-        if epoch not in self._orders:
-            order = list(range(len(self.train)))
-            random.Random(f"{self.seed}/{epoch}").shuffle(order)
-            self._orders = {epoch: order}  # one epoch at a time: the stream walks forward
-        return self.train[self._orders[epoch][pos]]
+        return self._stream[index]
 
     def eval_prompts(self) -> list[Prompt]:
         """The held-out problems, never served by `prompt()`."""

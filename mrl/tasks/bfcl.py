@@ -18,6 +18,7 @@ from typing import Any
 
 from mrl.benchmarks import bfcl
 from mrl.config import UserError
+from mrl.data import EpochStream
 from mrl.episode import Prompt
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
@@ -66,21 +67,14 @@ class BfclTask:
         self.eval = [e for e in records if held_out(e["id"], eval_percent)]
         if not self.train:
             raise UserError(f"BFCL categories {categories} leave no train records at eval_percent={eval_percent}")
-        self._epoch, self._order = None, []
+        self._stream = EpochStream(self.train, f"bfcl/{seed}")
 
     def __len__(self) -> int:
         return len(self.train)
 
     def prompt(self, index: int) -> Prompt:
         """Train record number `index` of the stream: the same index always gives the same prompt."""
-        if index < 0:
-            raise IndexError(f"prompt index must be >= 0, got {index}")
-        epoch, pos = divmod(index, len(self.train))
-        if epoch != self._epoch:
-            self._order = list(range(len(self.train)))
-            random.Random(f"bfcl/{self.seed}/{epoch}").shuffle(self._order)
-            self._epoch = epoch
-        return self.to_prompt(self.train[self._order[pos]])
+        return self.to_prompt(self._stream[index])
 
     def eval_prompts(self) -> list[Prompt]:
         """The held-out records, in the package's order (never served by `prompt()`)."""
