@@ -19,12 +19,16 @@ class Prompt:
       "description", "parameters": JSON schema}}`): a dataset record's tools (BFCL's functions).  They replace the
       task's tools for this prompt's episodes and are never run: a call to one is the episode's answer.  Empty: the
       task's tools.
+    answer_prefix: the text the answer starts with (chat protocol, one-turn tasks whose calls are the answer): written
+      after the chat template's generation prompt, as part of the prompt (never trained on), and read as the start
+      of the policy's turn.
     """
 
     text: str
     meta: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
+    answer_prefix: str = ""
 
     def chat(self) -> list[dict[str, Any]]:
         return self.messages or [{"role": "user", "content": self.text}]

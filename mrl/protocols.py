@@ -246,19 +246,16 @@ class ChatProtocol:
     parallel_calls: the turn ends only at the end of turn, and every `<tool_call>` block in it is read (BFCL's
       parallel calls).  For tasks whose calls are the answer (declared tools, never run): nothing has to come back
       between two calls, so the turn need not stop at the first.
-    answer_prefix: text the answer starts with, written after the generation prompt as part of the prompt (never
-      trained on), e.g. `<tool_call>{"name": "`: a small model then only has to fill in the call.  Only with
-      parallel_calls, whose episodes are one turn.
+    A prompt's `answer_prefix` (the text its answer starts with) is written after the generation prompt, as part of
+    the prompt (never trained on), and read as the start of the turn; only with parallel_calls, whose episodes are
+    one turn.
     """
 
     def __init__(self, tokenizer, tools: dict[str, Tool] | None = None, max_turns: int = 1,
                  max_tool_tokens: int = 256, chat_template_kwargs: dict[str, Any] | None = None,
-                 parallel_calls: bool = False, answer_prefix: str = ""):
+                 parallel_calls: bool = False):
         self.tokenizer, self.max_turns, self.max_tool_tokens = tokenizer, max_turns, max_tool_tokens
-        self.tools, self.parallel_calls, self.answer_prefix = dict(tools or {}), parallel_calls, answer_prefix
-        if answer_prefix and not parallel_calls:
-            raise UserError("an answer prefix is written before the first turn only, so it needs a one-turn task "
-                            "whose calls are the answer (parallel_calls)")
+        self.tools, self.parallel_calls = dict(tools or {}), parallel_calls
         if parallel_calls and any(t.fn is not None for t in self.tools.values()):
             raise UserError("parallel tool calls are read only for tools that never run (the calls are the answer); "
                             f"these tools run: {', '.join(t.name for t in self.tools.values() if t.fn)}")
@@ -290,7 +287,10 @@ class ChatProtocol:
             messages = self.template.with_system(messages, tools_prompt(tools))
         text = self.template.render(messages, tools=tools if tools and self.template.renders_tools else None,
                                     generation_prompt=True)
-        return self.tokenizer(text + self.answer_prefix, add_special_tokens=False).input_ids
+        if prompt.answer_prefix and not self.parallel_calls:
+            raise UserError("an answer prefix is written before the first turn only, so it needs a one-turn task "
+                            "whose calls are the answer (parallel_calls)")
+        return self.tokenizer(text + prompt.answer_prefix, add_special_tokens=False).input_ids
 
     def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
         if self.parallel_calls:
@@ -310,7 +310,7 @@ class ChatProtocol:
     def _final_calls(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
         """Every call of a turn that ended at its end of turn (None: out of budget, its calls unfinished); the
         calls are the answer, so nothing comes back and the episode ends."""
-        visible, bodies = split_calls(self.answer_prefix + text)
+        visible, bodies = split_calls(prompt.answer_prefix + text)
         if reason is None:
             return Turn(visible, [], [], False)
         tools = self.tools_of(prompt)
@@ -588,7 +588,7 @@ def _end_of_turn(template: ChatTemplate) -> str:
 
 def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_template_kwargs: dict[str, Any],
                   tools: dict[str, Tool], max_turns: int, answer_words: tuple[str, ...],
-                  max_tool_tokens: int, parallel_calls: bool = False, answer_prefix: str = "") -> ToolProtocol:
+                  max_tool_tokens: int, parallel_calls: bool = False) -> ToolProtocol:
     """The protocol `model.tool_format` names; `auto` is chat for a model used with its chat template (one it has),
     else words."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -598,8 +598,7 @@ def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_tem
         if not has_template:
             raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
                             "model.tool_format=words (or auto)")
-        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls,
-                            answer_prefix)
+        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls)
     if tool_format == "words":
         return WordsProtocol(tokenizer, tools, answer_words, max_turns, max_tool_tokens, use_chat_template,
                              chat_template_kwargs)

@@ -108,3 +108,18 @@ def test_built_in_declared_tools_never_reach_a_datasets_episodes(tmp_path, tok):
     assert "get_weather" in shown and "lookup" not in shown and '"calc"' not in shown
     environment = DatasetPrompts(CalcAgent(), DatasetTask(str(data), eval_fraction=0))
     assert list(environment.tools) == ["calc"]  # a tool that runs is the environment: it stays
+
+
+def test_an_answer_prefix_is_part_of_the_prompt_and_the_start_of_the_turn(tok):  # noqa: F811
+    from dataclasses import replace
+
+    prompt = replace(record_prompt(WEATHER), answer_prefix='<tool_call>{"name": "')
+    protocol = ChatProtocol(tok, {}, parallel_calls=True)
+    assert tok.decode(protocol.prompt_ids(prompt)).endswith('<|im_start|>assistant\n<tool_call>{"name": "')
+    r, _ = rollout(tok, protocol, lambda t: 'get_weather", "arguments": {"city": "Oslo"}}</tool_call><|im_end|>',
+                   [prompt])
+    ep = r.episodes[0]
+    assert ep.tool_calls == [ToolCall("get_weather", {"city": "Oslo"})] and not ep.truncated
+    assert ep.completion.startswith('get_weather"')  # the prefix is the prompt's: never trained on
+    with pytest.raises(UserError, match="one-turn task"):
+        ChatProtocol(tok, {}).prompt_ids(prompt)

@@ -95,7 +95,8 @@ class BfclTask:
             tools += [t for t in bfcl.tool_schemas(shot) if t["function"]["name"] not in names]
             names |= {t["function"]["name"] for t in tools}
         meta = {key: entry[key] for key in ("id", "category", "ground_truth", "function")}
-        return Prompt(text=messages[-1]["content"], meta=meta, messages=messages, tools=tools)
+        return Prompt(text=messages[-1]["content"], meta=meta, messages=messages, tools=tools,
+                      answer_prefix=self.answer_prefix)
 
     def _shots(self, entry: dict[str, Any]) -> list[dict[str, Any]]:
         """`fewshot` train records other than `entry`, whose gold calls BFCL accepts, the same for the same seed."""
