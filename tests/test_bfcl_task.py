@@ -89,6 +89,8 @@ def test_channels_on_hand_made_episodes():
     assert values(ToolCall(*swift), ToolCall(*maroon), ToolCall("", {}, "error: not JSON", valid=False)) == \
         (0.0, 1.0, 1.0, None)  # an unparseable block is no call to BFCL, but not well formed
     assert values() == (0.0, 0.0, 0.0, None)
+    shot = ToolCall("calculate_triangle_area", {"base": 10, "height": 5})  # a few-shot example's call, copied
+    assert values(shot) == (0.0, 0.0, 0.0, None)  # declared for the example, but not the record's own
     irrelevant = BfclTask(["irrelevance"]).to_prompt(bfcl.load_entries("irrelevance")[0])
     bmi = ToolCall("determine_body_mass_index", {"weight": 70, "height": 1.8})
     assert tuple(c(episode(irrelevant)) for c in channels) == (None, 1.0, None, 0.0)

@@ -22,12 +22,19 @@ def _irrelevant(episode: Episode) -> bool:
 
 class Format:
     """1.0 when the episode makes at least one call and every call is valid (parseable JSON, a declared function,
-    its required arguments present), else 0.0.  Abstains (None) on irrelevance records, where no call is right."""
+    its required arguments present) and calls one of the record's own functions, else 0.0.  Abstains (None) on
+    irrelevance records, where no call is right.
+
+    The record's own: few-shot examples declare their functions too, and a policy paid for any valid call learned to
+    copy the example's call word for word (format 0.03 -> 0.8 while held-out accuracy fell back to 0).
+    """
 
     def __call__(self, episode: Episode) -> float | None:
         if _irrelevant(episode):
             return None
-        return float(bool(episode.tool_calls) and all(c.valid for c in episode.tool_calls))
+        own = {doc["name"] for doc in episode.prompt.meta["function"]}
+        calls = episode.tool_calls
+        return float(bool(calls) and all(c.valid and c.name in own for c in calls))
 
 
 class Correctness:
