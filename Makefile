@@ -68,7 +68,7 @@ TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo rewards.task.fewshot=2 
 
 train-bfcl: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 train-bfcl: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct learns BFCL simple_python (CPU, ~30 min; base vs trained held-out accuracy)
+train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple_python (CPU, 20 steps, held-out accuracy at steps 0, 10, 20: README)
 	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_BFCL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
