@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -31,6 +33,24 @@ def _isolated_env(tmp_path_factory):
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     yield
+
+
+def makefile_overrides(variable: str) -> list[str]:
+    """The Hydra overrides a Makefile variable holds (`TRAIN_REAL := model=... \\`), the settings of its target."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    block = re.search(rf"^{variable} := (.*?)(?<!\\)$", makefile, flags=re.MULTILINE | re.DOTALL).group(1)
+    return block.replace("\\\n", " ").split()
+
+
+def has_bwrap() -> bool:
+    """Whether the bubblewrap sandbox can start here."""
+    from mrl.sandbox import check_sandbox
+
+    try:
+        check_sandbox("bwrap")
+        return True
+    except Exception:
+        return False
 
 
 def compose_config(*overrides: str, shrink: bool = True):

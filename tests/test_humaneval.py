@@ -8,25 +8,17 @@ import random
 import time
 
 import pytest
+from conftest import has_bwrap
 
 from mrl.benchmarks import humaneval
 from mrl.benchmarks.humaneval import HumanEvalTask, grade, load_problems, problem_tests, program
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
 from mrl.rewards.code import PassRate
-from mrl.sandbox import check_sandbox, run_tests, run_tests_many
+from mrl.sandbox import run_tests, run_tests_many
 from mrl.tasks import code as code_task
 
-
-def _has_bwrap() -> bool:
-    try:
-        check_sandbox("bwrap")
-        return True
-    except Exception:
-        return False
-
-
-SANDBOX = "bwrap" if _has_bwrap() else "process"  # the process sandbox grades the same way (test_sandbox.py)
+SANDBOX = "bwrap" if has_bwrap() else "process"  # the process sandbox grades the same way (test_sandbox.py)
 PROBLEMS = {p["task_id"]: p for p in load_problems()}
 # A fixed sample for the default suite: the special cases (loops with random inputs /32 /53, helpers of the prompt
 # /38 /50, check calling the entry point by name /33, asserts that None passes /12 /52, a local expected value /151)

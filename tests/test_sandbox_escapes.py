@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import has_bwrap
 
 from mrl.episode import Episode, Prompt
 from mrl.rewards.code import BugRatio, PassRate
-from mrl.sandbox import SandboxLimits, check_sandbox, run_tests
+from mrl.sandbox import SandboxLimits, run_tests
 from mrl.tasks.code import TINY_WRAP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,15 +33,7 @@ LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=4.0, memory_mb=256, max_out
 IS_ROOT = os.geteuid() == 0
 
 
-def _has_bwrap() -> bool:
-    try:
-        check_sandbox("bwrap")
-        return True
-    except Exception:
-        return False
-
-
-needs_bwrap = pytest.mark.skipif(not _has_bwrap(), reason="bubblewrap is not installed (apt-get install bubblewrap)")
+needs_bwrap = pytest.mark.skipif(not has_bwrap(), reason="bubblewrap is not installed (apt-get install bubblewrap)")
 
 # Undo the Python guards as the issue's payload does: forget the patched modules and import them afresh.
 UNDO = """
@@ -102,7 +95,7 @@ FAKES = {
 @pytest.mark.parametrize("sandbox", ["bwrap", "process"])
 @pytest.mark.parametrize("name", sorted(FAKES))
 def test_sandbox_fakes_score_zero(name, sandbox):
-    if sandbox == "bwrap" and not _has_bwrap():
+    if sandbox == "bwrap" and not has_bwrap():
         pytest.skip("bubblewrap is not installed")
     res = run_tests(FAKES[name], TESTS, LIMITS, sandbox=sandbox)
     assert res.pass_rate == 0.0, (name, res)
@@ -110,7 +103,7 @@ def test_sandbox_fakes_score_zero(name, sandbox):
 
 @pytest.mark.parametrize("sandbox", ["bwrap", "process"])
 def test_sandbox_honest_solution_scores_one(sandbox):
-    if sandbox == "bwrap" and not _has_bwrap():
+    if sandbox == "bwrap" and not has_bwrap():
         pytest.skip("bubblewrap is not installed")
     res = run_tests(HONEST, TESTS + ["assert f(0) == 0", "sorted([f(1), f(-1)]) == [-3, 3]"], LIMITS, sandbox=sandbox)
     assert res.pass_rate == 1.0 and res.error_rate == 0.0 and res.status == "ok"
@@ -119,7 +112,7 @@ def test_sandbox_honest_solution_scores_one(sandbox):
 def test_sandbox_fake_through_the_wrap_template_scores_zero():
     # The built-in task's template, `def f(x): return {completion}`, through the real reward channels.
     prompt = Prompt("x + 3 =", meta={"tests": ["f(4) == 7", "f(0) == 3", "f(3) == 6"], "wrap": TINY_WRAP})
-    sandbox = "bwrap" if _has_bwrap() else "process"
+    sandbox = "bwrap" if has_bwrap() else "process"
     channels = dict(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=253, sandbox=sandbox)
     fakes = ["type('A', (), {'__eq__': lambda s, o: True, '__hash__': None})()",
              "type('I', (int,), {'__eq__': lambda s, o: True})(0)",

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_config, makefile_overrides
 
 from mrl.loop import train
 from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
@@ -19,9 +18,7 @@ MODEL = ROOT / "models" / "smollm2-135m-instruct"
 
 
 def train_bfcl_overrides() -> list[str]:
-    makefile = (ROOT / "Makefile").read_text()
-    block = re.search(r"^TRAIN_BFCL := (.*?)(?<!\\)$", makefile, flags=re.MULTILINE | re.DOTALL).group(1)
-    return block.replace("\\\n", " ").split()
+    return makefile_overrides("TRAIN_BFCL")
 
 
 def test_train_bfcl_overrides_compose():

@@ -8,11 +8,10 @@ task channel rises by >= 0.2, first 10 steps' mean to the last 10's.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
-from conftest import compose_config
+from conftest import compose_config, makefile_overrides
 
 from mrl.loop import train
 from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
@@ -22,9 +21,7 @@ MODEL = ROOT / "models" / "smollm2-135m-instruct"
 
 
 def train_real_overrides() -> list[str]:
-    makefile = (ROOT / "Makefile").read_text()
-    block = re.search(r"^TRAIN_REAL := (.*?)(?<!\\)$", makefile, flags=re.MULTILINE | re.DOTALL).group(1)
-    return block.replace("\\\n", " ").split()
+    return makefile_overrides("TRAIN_REAL")
 
 
 def test_train_real_overrides_compose():
