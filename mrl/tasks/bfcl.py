@@ -90,10 +90,9 @@ class BfclTask:
         system = [m for m in messages if m["role"] == "system"]
         messages = system + solved + [m for m in messages if m["role"] != "system"]
         tools = bfcl.tool_schemas(entry)
-        names = {t["function"]["name"] for t in tools}
-        for shot in shots:
-            tools += [t for t in bfcl.tool_schemas(shot) if t["function"]["name"] not in names]
-            names |= {t["function"]["name"] for t in tools}
+        for shot in shots:  # the examples' functions after the record's own, each declared once
+            declared = {t["function"]["name"] for t in tools}
+            tools += [t for t in bfcl.tool_schemas(shot) if t["function"]["name"] not in declared]
         meta = {key: entry[key] for key in ("id", "category", "ground_truth", "function")}
         return Prompt(text=messages[-1]["content"], meta=meta, messages=messages, tools=tools,
                       answer_prefix=self.answer_prefix)
