@@ -18,6 +18,8 @@ and std and gives it 0 on that channel; GRPO and PPO count it 0 in the weighted 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -97,16 +99,40 @@ def gdpo_advantages(
     summed = (group_normalize(rewards, eps) * _weights(rewards, weights)).sum(-1)  # [B, G]
     if not batch_norm:
         return summed
-    flat = summed.reshape(1, -1)  # the whole batch as one group
-    return group_normalize(flat, eps).reshape(summed.shape)
+    return batch_normalize(summed, eps)
 
 
-def dead_groups(rewards: Tensor) -> Tensor:
-    """rewards: [B, G, K], NaN = abstained -> BoolTensor [B]: True where no channel varies within the group.
+def batch_normalize(summed: Tensor, eps: float = 1e-6) -> Tensor:
+    """GDPO's batch normalization of the summed group-normalized channels: summed / (batch std + eps), std unbiased
+    over all B*G entries.  summed: [B, G] -> [B, G].
 
-    Tested per channel, not on the sum: channels that vary but cancel in the sum still carry GDPO signal.
+    The batch mean is not subtracted: it is 0 by construction (each channel's normalized values sum to 0 within
+    their group, abstentions counting 0), so subtracting its float rounding (~1e-9) would only move a dead group's
+    exact zeros off 0.  Equal to (summed - mean) / (std + eps) up to that rounding; a batch that does not vary -> 0.
     """
-    return ~varies(rewards).squeeze(1).any(dim=-1)
+    flat = summed.reshape(-1)  # [B*G] the whole batch as one group
+    if flat.numel() < 2 or not bool(varies(flat.reshape(1, -1)).all()):
+        return torch.zeros_like(summed)
+    return summed / (flat.std() + eps)
+
+
+def live_groups(rewards: Tensor, weights: Tensor | list[float] | None, estimator: str) -> Tensor:
+    """rewards: [B, G, K], NaN = abstained; weights: [K]; estimator: a name in GROUP_SIGNALS (algo.advantage)
+    -> BoolTensor [B]: True where the estimator gives at least one rollout of the group a non-zero advantage before
+    batch normalization.  The one definition of a live group (DAPO's dynamic sampling, groups/dead_frac*).
+
+    Decided exactly, on the estimator's own arithmetic (its zeros are exact: `group_normalize`): GRPO, a group is
+    live when the weighted sum varies; GDPO, when a channel of non-zero weight varies and the normalized channels do
+    not cancel in the weighted sum.  A channel of weight 0 (an enforced constraint) never makes a group live.
+
+    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], "grpo").tolist()  # sums -1, -1
+    [False]
+    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], "gdpo").tolist()
+    [True]
+    """
+    if estimator not in GROUP_SIGNALS:
+        raise ValueError(f"estimator {estimator!r} has no group signal; choose one of {sorted(GROUP_SIGNALS)}")
+    return (GROUP_SIGNALS[estimator](rewards, weights) != 0).any(dim=1)
 
 
 def first_live(live: Tensor, needed: int) -> Tensor:
@@ -167,6 +193,17 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     mean = (values * mask).sum() / count
     var = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1)
     return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+# The sequence-level advantage each estimator gives a group before batch normalization ([B, G, K], [K] -> [B, G]):
+# what `live_groups` tests.  PPO (gae) has no groups and its critic makes no advantage exactly 0; its rollouts of one
+# prompt differ in what PPO is paid only when the weighted sum does, so a group is live for it as for GRPO (a channel
+# of weight 0, or channels that cancel in the sum, change nothing PPO learns from).
+GROUP_SIGNALS: dict[str, Callable[[Tensor, Tensor | list[float] | None], Tensor]] = {
+    "grpo": lambda rewards, weights: grpo_advantages(rewards, weights),
+    "gdpo": lambda rewards, weights: gdpo_advantages(rewards, weights, batch_norm=False),
+    "gae": lambda rewards, weights: grpo_advantages(rewards, weights),
+}
 
 
 # Diagnostics: how much each channel drives the advantage.  Each estimator's advantage is (up to one affine map

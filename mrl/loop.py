@@ -9,9 +9,9 @@ position) is a `Run`, built by `start_run`.  The loop never asks which engine ge
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
   registry in mrl/algos.py, combines them; the loop itself never asks which algorithm it runs;
-- dynamic sampling (DAPO) is a switch on any estimator: dead groups, in which no task channel varies after the
-  conditions and vetoes (what is trained on), are dropped and
-  more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
+- dynamic sampling (DAPO) is a switch on any estimator: dead groups, to which the estimator gives no rollout a
+  non-zero advantage after the conditions and vetoes (what is trained on; mrl.advantages.live_groups), are dropped
+  and more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
 - losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
   aggregations (seq_mean, token_mean) and for any number of live groups.
 
@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from mrl import distributed as dist
-from mrl.advantages import advantage_shares, dead_groups, distinct_per_group, first_live
+from mrl.advantages import advantage_shares, distinct_per_group, first_live, live_groups
 from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable
@@ -346,8 +346,8 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
     """Phase 1: B prompts x G samples from the rollout engine, scored per channel and shaped (conditions, vetoes).
     `whole()` is the context in which the policy's weights are whole (Trainable.whole: ZeRO-3 gathers them).
 
-    With dynamic sampling, groups in which no task channel varies *after shaping* (what the update trains on) are
-    dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
+    With dynamic sampling, groups to which the estimator gives no non-zero advantage *after shaping* (what the
+    update trains on; mrl.advantages.live_groups) are dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
 
     B is global: this rank generates its shard of each round's prompts (mrl.distributed.shard), and the live groups
     kept are the first ones in the global order, as on one process, so every rank agrees on the rounds and on the
@@ -371,7 +371,7 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
             num_live = B
             break
         shaped, _, _ = reward_set.shape(rollouts.rewards.view(local_B, G, K))
-        live = ~dead_groups(shaped[..., reward_set.task_channels])  # [local_B]
+        live = reward_set.live(shaped, algo.advantage.value)  # [local_B]
         chosen = first_live(dist.gather_rows(live), B - num_live)  # [B] over all ranks, in the global order
         groups = dist.local_rows(chosen, live).nonzero().squeeze(-1)
         if len(groups):
@@ -507,7 +507,7 @@ def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, 
     """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller),
     over every rank's rollouts (gathered; lockstep padding rows left out)."""
     G, K = collected.batch.group_size, len(reward_set.names)
-    weights, task_channels = reward_set.weights, reward_set.task_channels
+    weights = reward_set.weights
     all_rewards = dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K))  # [rounds*B,G,K]
     shaped, mask = every.shaped, every.mask  # [B', G, K], [N, T]
     advantages, loss_mask = every.gather(advantages), every.gather(loss_mask)  # [N, T]
@@ -522,10 +522,10 @@ def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, 
     metrics.update({
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
-        "groups/dead_frac_raw": dead_groups(all_rewards[..., task_channels]).float().mean().item(),
+        "groups/dead_frac_raw": dead_frac(reward_set.live(all_rewards, algo.advantage.value)),
         "rewards/failed_frac": every.failed.any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
-                             else dead_groups(shaped[..., task_channels]).float().mean().item()),
+                             else dead_frac(reward_set.live(shaped, algo.advantage.value))),
         "dapo/skipped_update": float(collected.skip_update),
         "dapo/gen_batches": len(collected.rounds),
         "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
@@ -564,6 +564,11 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
             values.append(head_values)
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
     return cat(old), cat(ref), cat(values)
+
+
+def dead_frac(live: Tensor) -> float:
+    """live: BoolTensor [B] -> the fraction of groups that are not live."""
+    return (~live).float().mean().item()
 
 
 def accumulate(sums: dict[str, float], key: str, value: float) -> None:

@@ -10,11 +10,11 @@ from torch.testing import assert_close
 
 from mrl.advantages import (
     check_finite,
-    dead_groups,
     gae_advantages,
     gae_token_rewards,
     gdpo_advantages,
     grpo_advantages,
+    live_groups,
     masked_whiten,
 )
 
@@ -178,31 +178,70 @@ def test_gdpo_without_batch_norm_equals_grpo_for_one_channel(seed):
     assert not torch.allclose(gdpo_advantages(r, batch_norm=True), grpo_advantages(r), atol=1e-3)
 
 
-# ---------------------------------------------------------------------------------------- dead_groups
+# ---------------------------------------------------------------------------------------- live_groups
 
 
-def test_dead_groups():
+def dead(rewards, weights=None, estimator="gdpo"):
+    return (~live_groups(rewards, weights, estimator)).tolist()
+
+
+def test_live_groups():
     r = torch.tensor(
         [
-            [[1.0, 0.0], [0.0, 1.0]],  # both channels vary, sum constant (1, 1): alive
+            [[1.0, 0.0], [0.0, 1.0]],  # both channels vary, sum constant (1, 1)
             [[0.5, 2.0], [0.5, 2.0]],  # nothing varies: dead
             [[1.0, 1.0], [1.0, 2.0]],  # only channel 1 varies: alive
             [[0.0, 0.0], [0.0, 0.0]],  # all zero: dead
         ]
     )
-    assert dead_groups(r).tolist() == [False, True, False, True]
-    # The alive-but-constant-sum group 0 is one where GRPO sees nothing.
+    # Group 0 under GDPO: ch0 -> [0.7071, -0.7071], ch1 -> [-0.7071, 0.7071]: they cancel exactly, advantage 0.
+    assert dead(r, estimator="gdpo") == [True, True, False, True]
+    assert dead(r, estimator="grpo") == [True, True, False, True]
+    assert dead(r, estimator="gae") == [True, True, False, True]
+    assert torch.equal(gdpo_advantages(r, batch_norm=False)[0], torch.zeros(2))
     assert torch.equal(grpo_advantages(r)[0], torch.zeros(2))
+    assert live_groups(r, None, "gdpo").dtype == torch.bool
 
 
-def test_constant_sum_group_alive_and_carries_gdpo_signal():
+def test_a_group_where_only_a_weight_0_constraint_varies_is_dead():
+    # Issue 21's first case: every rollout wrong, two of four used the shortcut.  Channels (correctness,
+    # efficiency, safety) at weights (1, 0.25, 0): safety is an enforced constraint (weight 0).
+    r = torch.tensor([[[0.0, -6.0, -1.0], [0.0, -6.0, 0.0], [0.0, -6.0, -1.0], [0.0, -6.0, 0.0]]])
+    w = [1.0, 0.25, 0.0]
+    for estimator in ("gdpo", "grpo", "gae"):
+        assert dead(r, w, estimator) == [True], estimator
+    assert torch.equal(gdpo_advantages(r, w, batch_norm=False), torch.zeros(1, 4))
+    # At weight 1 the constraint's variation is signal.
+    assert dead(r, [1.0, 0.25, 1.0], "gdpo") == [False]
+
+
+def test_grpo_weighted_sums_that_tie_are_dead_but_gdpo_is_live():
+    # Issue 21's second case: (1, -8) and (0, -4) at weights 1 and 0.25: sums 1 - 2 = -1 and 0 - 1 = -1.
+    r = torch.tensor([[[1.0, -8.0], [0.0, -4.0]]])
+    w = [1.0, 0.25]
+    assert dead(r, w, "grpo") == [True]
+    assert dead(r, w, "gae") == [True]
+    assert torch.equal(grpo_advantages(r, w), torch.zeros(1, 2))
+    # GDPO: ch0 [1, 0] -> [0.7071, -0.7071]; ch1 [-8, -4] -> [-0.7071, 0.7071], times 0.25:
+    # rollout 0: 0.7071 - 0.1768 = 0.5303, rollout 1: -0.5303.
+    assert dead(r, w, "gdpo") == [False]
+    assert_close(gdpo_advantages(r, w, batch_norm=False), torch.tensor([[0.5303, -0.5303]]), rtol=0, atol=1e-4)
+
+
+def test_live_groups_unknown_estimator_names_the_choices():
+    with pytest.raises(ValueError, match="'gae', 'gdpo', 'grpo'"):
+        live_groups(torch.zeros(1, 2, 1), None, "reinforce")
+
+
+def test_constant_sum_group_is_dead_for_grpo_and_live_for_gdpo():
     # K=3, rollouts (2,0,0) and (0,1,1): sums 2 and 2 -> GRPO exactly 0, but every channel varies.
     # GDPO (no batch norm, unit weights), G=2 so unbiased std = |gap| / sqrt(2):
     #   ch0 [2, 0]: dev [1, -1],      std sqrt(2)   -> [1, -1] / (sqrt(2) + eps)
     #   ch1 [0, 1]: dev [-0.5, 0.5],  std 1/sqrt(2) -> [-0.5, 0.5] / (1/sqrt(2) + eps); ch2 the same
     #   sum rollout 0: 0.7071 - 2 * 0.7071 = -0.7071; rollout 1: +0.7071
     r = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 1.0]]], dtype=torch.float64)
-    assert dead_groups(r).tolist() == [False]
+    assert dead(r, estimator="gdpo") == [False]
+    assert dead(r, estimator="grpo") == [True]
     assert torch.equal(grpo_advantages(r, eps=EPS), torch.zeros(1, 2, dtype=torch.float64))
     v = 1 / (math.sqrt(2) + EPS) - 2 * 0.5 / (1 / math.sqrt(2) + EPS)
     out = gdpo_advantages(r, eps=EPS, batch_norm=False)
@@ -210,11 +249,28 @@ def test_constant_sum_group_alive_and_carries_gdpo_signal():
     assert_close(out, torch.tensor([[-0.7071, 0.7071]], dtype=torch.float64), rtol=0, atol=1e-4)
 
 
-def test_dead_groups_difference_not_in_first_rollout():
+def test_live_groups_difference_not_in_first_rollout():
     # G=3: rollouts 0 and 1 agree, rollout 2 differs in channel 0 -> alive.
     r = torch.tensor([[[1.0, 3.0], [1.0, 3.0], [2.0, 3.0]], [[7.0, 3.0], [7.0, 3.0], [7.0, 3.0]]])
-    assert dead_groups(r).tolist() == [False, True]
-    assert dead_groups(r).dtype == torch.bool
+    assert dead(r) == [False, True]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dead_groups_get_exact_zeros_after_gdpo_batch_normalization(seed):
+    # Issue 21: the batch mean's rounding (~7e-9) moved a dead group's zeros off 0; the mean is 0 by construction and
+    # is not subtracted.  float32, random live groups beside a constant one and a weight-0-only one.
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.rand(6, 5, 3, generator=gen)
+    r[1] = r[1, :1].clone()  # constant
+    r[4, :, :2] = r[4, :1, :2].clone()  # only channel 2 varies, at weight 0
+    w = [1.0, 0.3, 0.0]
+    out = gdpo_advantages(r, w)  # batch_norm=True
+    assert live_groups(r, w, "gdpo").tolist() == [True, False, True, True, False, True]
+    assert torch.equal(out[1], torch.zeros(5)) and torch.equal(out[4], torch.zeros(5))
+    # The live groups: (summed - mean) / (std + eps), the textbook batch normalization, to float rounding.
+    summed = gdpo_advantages(r, w, batch_norm=False)
+    assert_close(out, (summed - summed.mean()) / (summed.std() + EPS), rtol=0, atol=1e-6)
+    assert abs(out.std().item() - 1.0) < 1e-4
 
 
 # ------------------------------------------------------------------------------ GDPO paper, G=2 example
@@ -475,12 +531,14 @@ def test_an_abstention_does_not_inflate_the_others():
     assert four[0, 3] == 0.0
 
 
-def test_dead_groups_ignore_abstentions():
+def test_live_groups_ignore_abstentions():
     nan = float("nan")
     r = torch.tensor([[[1.0], [nan], [1.0]],  # scored entries equal: dead
                       [[1.0], [nan], [0.0]],  # they differ: live
                       [[nan], [nan], [2.0]]])  # one scored entry: dead
-    assert dead_groups(r).tolist() == [True, False, True]
+    assert dead(r) == [True, False, True]
+    # GRPO counts an abstention 0 in the sum (TRL's nansum): [1, 0, 1], [1, 0, 0], [0, 0, 2] all vary.
+    assert dead(r, estimator="grpo") == [False, False, False]
 
 
 # ------------------------------------------------------------------------------------ exact dead groups
@@ -496,7 +554,8 @@ def test_a_constant_group_gets_exactly_zero_in_float32(value, shape):
     assert torch.equal(grpo_advantages(rewards), zeros)
     assert torch.equal(gdpo_advantages(rewards, batch_norm=False), zeros)
     assert torch.equal(gdpo_advantages(rewards), zeros)
-    assert dead_groups(rewards).all()
+    assert not live_groups(rewards, None, "gdpo").any()
+    assert not live_groups(rewards, None, "grpo").any()
     # Next to a live group, the constant one still gets exactly 0 and the live one does not.
     mixed = torch.cat([rewards, torch.rand(shape, generator=torch.Generator().manual_seed(0))])
     assert torch.equal(grpo_advantages(mixed)[: shape[0]], zeros)

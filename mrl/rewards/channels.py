@@ -15,6 +15,7 @@ import torch
 from hydra.utils import instantiate
 from torch import Tensor
 
+from mrl.advantages import live_groups
 from mrl.config import UserError
 from mrl.episode import Episode
 from mrl.validation import configured_channels
@@ -82,6 +83,13 @@ class RewardSet:
     def weights(self) -> Tensor:
         """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
         return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
+
+    def live(self, shaped: Tensor, estimator: str) -> Tensor:
+        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (algo.advantage) a
+        non-zero advantage, at the weights the advantage uses (mrl.advantages.live_groups).  The algorithm's shaping
+        channels (overlong) are left out: a group is not live because its rollouts differ in length shaping alone."""
+        task = self.task_channels
+        return live_groups(shaped[..., task], self.weights[task].to(shaped.dtype), estimator)
 
     def score(self, episodes: list[Episode], on_error: str = "raise") -> tuple[Tensor, Tensor]:
         """Score N episodes on every channel: (rewards [N, K], failed [N, K] bool).
