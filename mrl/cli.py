@@ -108,11 +108,13 @@ def train(ctx: typer.Context) -> None:
 @app.command()
 def report(
     run_dirs: List[Path] = typer.Argument(..., help="Run dirs or multirun dirs (searched for metrics.jsonl)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG path (default: report.png in the first dir)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG path (default: report.png in the first dir); "
+                                       "the table, the page and its data go beside it."),
     last: int = typer.Option(10, help="Final means are taken over this many last steps."),
     smooth: int = typer.Option(10, help="Moving-average window of the plotted curves (1: raw)."),
 ) -> None:
-    """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means."""
+    """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means; write
+    the same as an interactive page (report.html) with a CSV per run of every metric."""
     from mrl.report import ReportError, make_report
 
     try:
@@ -120,7 +122,9 @@ def report(
     except ReportError as err:
         exit_with_error(str(err))
     print(table)
-    print(f"\nplot: {png}\ntable: {png.with_suffix('.md')}")
+    html = png.with_suffix(".html")
+    print(f"\nplot: {png}\ntable: {png.with_suffix('.md')}\npage: {html} (open it in a browser; offline is fine)"
+          f"\ndata: {html.parent / (html.stem + '_data')}/")
 
 
 @app.command("eval")
