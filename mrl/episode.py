@@ -43,6 +43,8 @@ class ToolCall:
       with the call; "" for a declared tool without a function (a final action, never run).
     valid: False for a call that could not be parsed, names no declared tool, or misses a required argument.
     cut: the result was cut to fit `trainer.max_tool_tokens`.
+    user_turn: the user turn it answers (0 but for a stateful environment's episodes, whose user speaks several times:
+      mrl.protocols.Environment).
     """
 
     name: str
@@ -50,6 +52,7 @@ class ToolCall:
     observation: str = ""
     valid: bool = True
     cut: bool = False
+    user_turn: int = 0
 
 
 @dataclass

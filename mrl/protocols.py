@@ -150,6 +150,31 @@ class Turn:
     ended: bool  # the episode is over: an answer, a final message, or a final-action call
 
 
+class Environment(Protocol):
+    """One episode's stateful world (a task's `environment(prompt)`, one per rollout): tools that act on state kept
+    between calls, and a user who speaks several times (BFCL multi-turn: mrl.tasks.bfcl_agent).  The chat protocol
+    asks it which functions are available, hands it every call to run, and, when the policy answers without a call
+    or spends its calls for the turn, asks for the user's next message; the episode ends when there is none."""
+
+    user_turn: int  # the user turn under way, from 0
+
+    def available(self) -> set[str]:
+        """The functions that may be called in this user turn."""
+        ...
+
+    def call(self, name: str, arguments: Any) -> str:
+        """Run an available function -> its result text (an error text when it fails), counted in this turn."""
+        ...
+
+    def turn_over(self) -> bool:
+        """Whether this user turn's calls are spent (its call limit)."""
+        ...
+
+    def next_message(self) -> str | None:
+        """The user's next message (and the next turn begins), or None: the conversation is over."""
+        ...
+
+
 class ToolProtocol(Protocol):
     """How episodes run in one tool format: the prompt's tokens, how a turn ends, what follows it."""
 
@@ -158,9 +183,13 @@ class ToolProtocol(Protocol):
 
     def prompt_ids(self, prompt: Prompt) -> list[int]: ...
 
-    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+    def environment(self, prompt: Prompt) -> Environment | None:
+        """A new world for one episode of `prompt`, or None for a stateless task."""
+        ...
+
+    def turn(self, prompt: Prompt, text: str, reason: str | None, env: Environment | None = None) -> Turn:
         """Read a finished turn: its decoded `text` and why it ended (END_OF_TURN, a stop string, or None when the
-        budget ran out); run the tool it calls."""
+        budget ran out); run the tool it calls (on `env`, the episode's world, when the task has one)."""
         ...
 
 
@@ -202,6 +231,9 @@ class WordsProtocol:
             if word_level(tokenizer) else None
         self.stops = Stops(frozenset(), strings, words=True, by_id=by_id)
 
+    def environment(self, prompt: Prompt) -> None:
+        return None
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         if not self.use_chat_template:
             return self.tokenizer(prompt.text).input_ids
@@ -209,7 +241,7 @@ class WordsProtocol:
                                                   add_generation_prompt=True, **self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
-    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+    def turn(self, prompt: Prompt, text: str, reason: str | None, env: None = None) -> Turn:
         if reason in self.tools:
             result = self.tools[reason](prompt)
             ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens, lambda s: s)
@@ -253,9 +285,9 @@ class ChatProtocol:
 
     def __init__(self, tokenizer, tools: dict[str, Tool] | None = None, max_turns: int = 1,
                  max_tool_tokens: int = 256, chat_template_kwargs: dict[str, Any] | None = None,
-                 parallel_calls: bool = False):
+                 parallel_calls: bool = False, environment: Callable[[Prompt], Environment] | None = None):
         self.tokenizer, self.max_turns, self.max_tool_tokens = tokenizer, max_turns, max_tool_tokens
-        self.tools, self.parallel_calls = dict(tools or {}), parallel_calls
+        self.tools, self.parallel_calls, self.environments = dict(tools or {}), parallel_calls, environment
         if parallel_calls and any(t.fn is not None for t in self.tools.values()):
             raise UserError("parallel tool calls are read only for tools that never run (the calls are the answer); "
                             f"these tools run: {', '.join(t.name for t in self.tools.values() if t.fn)}")
@@ -292,9 +324,14 @@ class ChatProtocol:
                             "whose calls are the answer (parallel_calls)")
         return self.tokenizer(text + prompt.answer_prefix, add_special_tokens=False).input_ids
 
-    def turn(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
+    def environment(self, prompt: Prompt) -> Environment | None:
+        return self.environments(prompt) if self.environments is not None else None
+
+    def turn(self, prompt: Prompt, text: str, reason: str | None, env: Environment | None = None) -> Turn:
         if self.parallel_calls:
             return self._final_calls(prompt, text, reason)
+        if env is not None:
+            return self._world_turn(env, text, reason)
         visible, body = split_turn(text, reason == CALL_CLOSE)
         if reason is None or body is None:  # out of budget, or a final message
             return Turn(visible, [], [], reason is not None)
@@ -306,6 +343,35 @@ class ChatProtocol:
         ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens,
                                    lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE))
         return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, cut=cut)], ids, False)
+
+    def _world_turn(self, env: Environment, text: str, reason: str | None) -> Turn:
+        """A turn of a stateful episode: a call runs on `env` and its result comes back; a turn without a call (or
+        one that spends the turn's calls) is followed by the user's next message, in the same tokens a chat
+        template gives a new user message; the episode ends when the user has nothing more to say."""
+        visible, body = split_turn(text, reason == CALL_CLOSE)
+        if reason is None:  # out of budget
+            return Turn(visible, [], [], False)
+        if body is None:
+            message = env.next_message()
+            if message is None:
+                return Turn(visible, [], [], True)
+            return Turn(visible, [], self._encode(self.template.reply_suffix(message)), False)
+        name, arguments, error = read_call(body)
+        if error is None and name not in env.available():
+            error = f"there is no function {name!r} in this turn; the functions are: {', '.join(sorted(env.available()))}"
+        turn = env.user_turn
+        result = f"error: {error}" if error else env.call(name, arguments)
+        spent = env.turn_over()  # the turn's calls are spent: the user's next message follows the result
+        message = env.next_message() if spent else None
+        if spent and message is None:  # ... and that was the last user turn: the episode is over
+            return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, user_turn=turn)], [], True)
+        ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens,
+                                   lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE, message))
+        return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, cut=cut, user_turn=turn)], ids,
+                    False)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def _final_calls(self, prompt: Prompt, text: str, reason: str | None) -> Turn:
         """Every call of a turn that ended at its end of turn (None: out of budget, its calls unfinished); the
@@ -481,8 +547,9 @@ class ChatTemplate:
         return messages[:first] + [{**messages[first], "content": f"{text}\n\n{messages[first]['content']}"}] \
             + messages[first + 1:]
 
-    def suffix(self, result: str, name: str, after_stop: bool) -> str:
-        """The text a tool `result` adds after the assistant's turn, through the next generation prompt.
+    def suffix(self, result: str, name: str, after_stop: bool, then_user: str | None = None) -> str:
+        """The text a tool `result` adds after the assistant's turn, through the next generation prompt (with
+        `then_user`: a user message after the result, the user's next turn).
 
         Rendered from a dummy conversation (a user message, an assistant call to `name`, the `tool` message), never
         from the sampled history, and cut after the assistant's end-of-turn token.  after_stop: the turn ended at
@@ -491,11 +558,25 @@ class ChatTemplate:
         if name not in self._layouts:
             self._layouts[name] = _layout(self, _dummy(self, name), name)
         prefix, cut, closing = self._layouts[name]
-        text = self.render(_dummy(self, name) + [self.tool_message(name, result)], generation_prompt=True)
+        user = [{"role": "user", "content": then_user}] if then_user is not None else []
+        text = self.render(_dummy(self, name) + [self.tool_message(name, result)] + user, generation_prompt=True)
         if text[:cut] != prefix:
             raise UserError(f"this chat template renders the conversation before a tool result differently for the "
                             f"result {result[:80]!r}; mrl cannot append tool results with it (model.tool_format=words)")
         return (closing if after_stop else "") + text[cut:]
+
+    def reply_suffix(self, message: str) -> str:
+        """The text a user `message` adds after an assistant's final message (which ended at its end-of-turn
+        token), through the next generation prompt: rendered from a dummy conversation, cut after the assistant's
+        end of turn, as `suffix`."""
+        history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE}]
+        plain = self.render(history)
+        cut = plain.find(self.end_of_turn, plain.rfind(PROBE)) + len(self.end_of_turn)
+        text = self.render(history + [{"role": "user", "content": message}], generation_prompt=True)
+        if cut < len(self.end_of_turn) or text[:cut] != plain[:cut]:
+            raise UserError("this chat template renders an assistant message differently when a user message follows "
+                            "it; mrl cannot append the user's next turn with it")
+        return text[cut:]
 
 
 def _dummy(template: ChatTemplate, name: str) -> list[dict[str, Any]]:
@@ -588,9 +669,10 @@ def _end_of_turn(template: ChatTemplate) -> str:
 
 def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_template_kwargs: dict[str, Any],
                   tools: dict[str, Tool], max_turns: int, answer_words: tuple[str, ...],
-                  max_tool_tokens: int, parallel_calls: bool = False) -> ToolProtocol:
+                  max_tool_tokens: int, parallel_calls: bool = False,
+                  environment: Callable[[Prompt], Environment] | None = None) -> ToolProtocol:
     """The protocol `model.tool_format` names; `auto` is chat for a model used with its chat template (one it has),
-    else words."""
+    else words.  environment: the task's `environment(prompt)`, for stateful episodes (chat only)."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if tool_format == "auto":
         tool_format = "chat" if use_chat_template and has_template else "words"
@@ -598,7 +680,11 @@ def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_tem
         if not has_template:
             raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
                             "model.tool_format=words (or auto)")
-        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls)
+        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls,
+                            environment)
+    if environment is not None:
+        raise UserError("this task's episodes run in a stateful environment with a user who speaks several times, "
+                        "which only the chat protocol runs; use a chat model (model.tool_format=chat or auto)")
     if tool_format == "words":
         return WordsProtocol(tokenizer, tools, answer_words, max_turns, max_tool_tokens, use_chat_template,
                              chat_template_kwargs)

@@ -313,6 +313,7 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     turns: list[list[str]] = [[] for _ in prompt_rows]
     calls: list[list[ToolCall]] = [[] for _ in prompt_rows]
     ended = [False] * len(prompt_rows)
+    worlds = [protocol.environment(prompts[n // group_size]) for n in range(len(prompt_rows))]  # None: stateless
     active = list(range(len(prompt_rows)))
     while active:
         groups = torch.tensor([n // group_size for n in active], device=device)  # [A]
@@ -333,15 +334,16 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
         for n, new, text, reason in zip(active, news, decode_texts(tokenizer, news), reasons):
             completions[n] += new
             masks[n] += [1] * len(new)
-            turn = protocol.turn(prompts[n // group_size], text, reason)
+            turn = protocol.turn(prompts[n // group_size], text, reason, worlds[n])
             turns[n].append(turn.text)
             completions[n] += turn.observation
             masks[n] += [0] * len(turn.observation)
             ended[n] = turn.ended
-            if turn.calls:
-                calls[n] += turn.calls
-                if not turn.ended and sum(masks[n]) < budget_of and len(turns[n]) < protocol.max_turns:
-                    still_active.append(n)
+            calls[n] += turn.calls
+            # A turn goes on after a call's result or the user's next message (an observation), within the budget.
+            if (turn.calls or turn.observation) and not turn.ended and sum(masks[n]) < budget_of \
+                    and len(turns[n]) < protocol.max_turns:
+                still_active.append(n)
         active = still_active
 
     rows = torch.arange(len(prompt_rows), device=device) // group_size

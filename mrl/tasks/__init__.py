@@ -4,7 +4,8 @@ A task is any object with `prompt(index) -> mrl.episode.Prompt` (the same index 
 Optional attributes make it an agent environment: `tools` ({name: mrl.protocols.Tool}), `max_turns`,
 `answer_words` (words protocol: words that end the episode once the transcript holds one), and `parallel_calls`
 (chat protocol: a turn's calls are the answer and a turn may hold several; tasks whose tools never run; their
-prompts may carry an `answer_prefix`).  A prompt's
+prompts may carry an `answer_prefix`), and `environment(prompt)` (chat protocol: a new stateful world per episode,
+mrl.protocols.Environment: tools acting on state, a user who speaks several times; BFCL multi-turn).  A prompt's
 own `tools` (a dataset record's, BFCL's) replace the task's for its episodes.  Which protocol the
 episodes follow, the tiny model's words or the model's own chat format, is the model's choice (`model.tool_format`).
 """
@@ -65,7 +66,7 @@ def episode_protocol(cfg: Any, tokenizer, task: Any) -> ToolProtocol:
     return make_protocol(tokenizer, model.tool_format, model.use_chat_template, kwargs,
                          getattr(task, "tools", None) or {}, getattr(task, "max_turns", 1),
                          tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens,
-                         getattr(task, "parallel_calls", False))
+                         getattr(task, "parallel_calls", False), getattr(task, "environment", None))
 
 
 def held_out_prompts(task: Any, count: int) -> list[Prompt]:

@@ -1,0 +1,421 @@
+"""BFCL v4 multi-turn: stateful tool environments, their ground truth, and the checks BFCL makes of an agent's calls.
+
+Data: `BFCL_v4_multi_turn_<category>.json` (user turns, each class's `initial_config`), `possible_answer/` (the
+ground truth: call strings per user turn) and `multi_turn_func_doc/` (each class's functions) of the installed
+`bfcl-eval` package (`make bfcl`), read as files.  The environments are the package's own classes
+(`bfcl_eval/eval_checker/multi_turn_eval/func_source_code/`: a file system, a math API, messaging, posting,
+ticketing, a trading bot, travel booking, vehicle control; standard library and mpmath only, in memory).
+
+A call is dispatched as a method call on the instance that owns the function, with the parsed arguments: a policy's
+JSON arguments, or the ground truth's call strings parsed by `ast` into literals; nothing is ever `eval`ed.  Its
+result is BFCL's: a string as it is, a dict as JSON, anything else as `str`, an exception as `Error during
+execution: ...`.
+
+`check` grades a call sequence as BFCL's multi-turn checker does (eval_checker/multi_turn_eval/multi_turn_checker.py,
+run as an oracle in tests/test_bfcl_agent.py): after every user turn whose ground truth calls something, the policy
+made a call in that turn, every instance's public attributes equal the ground truth's, and the ground truth's results
+of that turn are among the policy's results so far (as a multiset, any order).  Turns whose ground truth is empty
+(a function or parameter is missing) are not checked, as in BFCL, but their calls change the state later turns see.
+Beyond BFCL it measures what the other channels need: calls beyond the ground truth's, and collateral damage (a
+value of the environment changed that the ground truth never changes; a call to a function not available in that
+turn).
+
+Deliberate differences: a JSON number passed for a `float` parameter is a float (JSON does not tell 3 from 3.0, and
+it keeps `power(10, 10**9)` from computing a billion-digit integer in the trainer); integers beyond 2**53 are
+refused; a call runs at most `CALL_SECONDS` (then it is an error result); mpmath's global precision is restored after
+each call.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import importlib
+import inspect
+import json
+import math
+import signal
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from mrl.benchmarks.bfcl import _data_dir, _read_records, tool_schemas
+from mrl.config import UserError
+
+CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+# BFCL's other multi-turn-style categories, and why they are not here.
+SKIPPED = {"memory": "its tools read and write files of a prerequisite conversation on disk",
+           "web_search": "its tools query the network (SerpAPI, web pages)"}
+# class -> (module under func_source_code, function doc file): BFCL's constants/executable_backend_config.py
+CLASSES = {
+    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system"),
+    "MathAPI": ("math_api", "math_api"),
+    "MessageAPI": ("message_api", "message_api"),
+    "TwitterAPI": ("posting_api", "posting_api"),
+    "TicketAPI": ("ticket_api", "ticket_api"),
+    "TradingBot": ("trading_bot", "trading_bot"),
+    "TravelAPI": ("travel_booking", "travel_booking"),
+    "VehicleControlAPI": ("vehicle_control", "vehicle_control"),
+}
+STATELESS = ("MathAPI",)  # instantiated without a scenario (BFCL's STATELESS_CLASSES)
+SOURCE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
+CALL_SECONDS = 2.0
+MAX_INT = 2 ** 53
+ADDED_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"  # BFCL's words
+
+Call = tuple[str, dict]  # (function name, arguments by name)
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def _check_category(category: str) -> None:
+    if category not in CATEGORIES:
+        skipped = "; ".join(f"{name}: {why}" for name, why in SKIPPED.items())
+        raise UserError(f"BFCL multi-turn category {category!r} is not supported; choose from {', '.join(CATEGORIES)} "
+                        f"(skipped: {skipped}).")
+
+
+def load_entries(category: str) -> list[dict]:
+    """BFCL's entries of one multi-turn category, each with `ground_truth` (call strings per user turn) and
+    `category` set."""
+    _check_category(category)
+    data = _data_dir()
+    entries = _read_records(data / f"BFCL_v4_{category}.json")
+    answers = {r["id"]: r["ground_truth"] for r in _read_records(data / "possible_answer" / f"BFCL_v4_{category}.json")}
+    for entry in entries:
+        entry["ground_truth"] = answers[entry["id"]]
+        entry["category"] = category
+        unknown = sorted(set(entry["involved_classes"]) - set(CLASSES))
+        if unknown:
+            raise UserError(f"BFCL entry {entry['id']} uses classes {unknown} mrl does not know; add them to "
+                            "mrl.benchmarks.bfcl_agent.CLASSES")
+    return entries
+
+
+@lru_cache(maxsize=None)
+def _class_docs(class_name: str) -> tuple[dict, ...]:
+    path = _data_dir() / "multi_turn_func_doc" / f"{CLASSES[class_name][1]}.json"
+    return tuple(_read_records(path))
+
+
+def _withheld(entry: dict) -> set[str]:
+    """Functions of a miss_func entry that are added later (`missed_function`: {turn: [names]})."""
+    return {name for names in entry.get("missed_function", {}).values() for name in names}
+
+
+def function_docs(entry: dict, turn: int | None = 0) -> list[dict]:
+    """BFCL's docs of the functions available at user turn `turn` (None: every function the entry ever offers):
+    the involved classes' functions but the excluded ones, the withheld ones only from the turn that adds them."""
+    added = {name for t, names in entry.get("missed_function", {}).items() if turn is None or int(t) <= turn
+             for name in names}
+    hidden = set(entry.get("excluded_function", [])) | (_withheld(entry) - added)
+    return [copy.deepcopy(doc) for c in entry["involved_classes"] for doc in _class_docs(c) if doc["name"] not in hidden]
+
+
+def added_docs(entry: dict, turn: int) -> list[dict]:
+    """The docs of the functions user turn `turn` adds (miss_func), or []."""
+    names = set(entry.get("missed_function", {}).get(str(turn), []))
+    return [doc for doc in function_docs(entry, turn) if doc["name"] in names]
+
+
+def schemas(docs: list[dict], compact: bool = False) -> list[dict]:
+    """Function docs as OpenAI-form tool declarations.  compact: each description without the class's preamble
+    BFCL repeats in every function ("This tool belongs to ..., which ... Tool description: ..."), about half the
+    tokens."""
+    if compact:
+        docs = [{**d, "description": d.get("description", "").split("Tool description:", 1)[-1].strip()} for d in docs]
+    return tool_schemas({"function": docs})
+
+
+def user_turns(entry: dict) -> list[str]:
+    """The user's message of each turn ("" for a miss_func turn that only adds functions)."""
+    return ["\n".join(m["content"] for m in turn if m["role"] == "user") for turn in entry["question"]]
+
+
+# ---------------------------------------------------------------------------------------------------------- calls
+def parse_call(text: str) -> tuple[str, list, dict]:
+    """(name, positional values, keyword values) of one ground-truth call string, read by `ast` as literals.
+
+    >>> parse_call("mv(source='a.txt', destination='temp')"), parse_call("sort('report.pdf')")
+    (('mv', [], {'source': 'a.txt', 'destination': 'temp'}), ('sort', ['report.pdf'], {}))
+    """
+    node = ast.parse(text.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a plain function call: {text!r}")
+    return (node.func.id, [ast.literal_eval(a) for a in node.args],
+            {k.arg: ast.literal_eval(k.value) for k in node.keywords})
+
+
+def _result_text(value: Any) -> str:
+    """A method's return value as BFCL shows it to the model and compares it."""
+    if type(value) is str:
+        return value
+    if type(value) is dict:
+        try:
+            return json.dumps(value)
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+class CallTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise CallTimeout in the calling code after `seconds` (main thread only; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CallTimeout(f"the call ran past {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _too_big(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return abs(value) > MAX_INT
+    if isinstance(value, (list, tuple)):
+        return any(_too_big(v) for v in value)
+    if isinstance(value, dict):
+        return any(_too_big(v) for v in value.values())
+    return False
+
+
+@dataclass
+class World:
+    """The instances of one episode (one per involved class), loaded from the entry's `initial_config`."""
+
+    entry: dict
+    instances: dict[str, Any] = field(init=False)
+    methods: dict[str, Any] = field(init=False)  # public method name -> bound method
+    param_types: dict[str, dict[str, str]] = field(init=False)  # function -> {parameter: BFCL type}
+
+    def __post_init__(self) -> None:
+        self.instances, self.methods = {}, {}
+        long_context = "long_context" in self.entry["category"]
+        for class_name in self.entry["involved_classes"]:
+            module = importlib.import_module(f"{SOURCE}.{CLASSES[class_name][0]}")
+            instance = getattr(module, class_name)()
+            if class_name not in STATELESS:
+                instance._load_scenario(copy.deepcopy(self.entry["initial_config"].get(class_name, {})),
+                                        long_context=long_context)
+            self.instances[class_name] = instance
+            for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
+                if not name.startswith("_"):
+                    self.methods[name] = method
+        self.param_types = {doc["name"]: {p: d.get("type", "") for p, d in doc["parameters"].get("properties",
+                                                                                                 {}).items()}
+                            for doc in function_docs(self.entry, None)}
+
+    def call(self, name: str, arguments: Any) -> str:
+        """Run `name(**arguments)` on its instance -> the result text (an error text when it fails)."""
+        if not isinstance(arguments, dict):
+            return f"Error during execution: the arguments of {name} must be an object, not {json.dumps(arguments)}"
+        if _too_big(arguments):
+            return f"Error during execution: an integer argument of {name} is beyond 2**53"
+        types = self.param_types.get(name, {})
+        arguments = {k: float(v) if types.get(k) == "float" and type(v) is int else v for k, v in arguments.items()}
+        import mpmath  # the math API sets its global precision and leaves it set
+
+        precision = mpmath.mp.dps
+        try:
+            with _time_limit(CALL_SECONDS):
+                return _result_text(self.methods[name](**arguments))
+        except Exception as err:  # the environment's own errors (wrong types, unknown files) are results
+            return f"Error during execution: {err}"
+        finally:
+            mpmath.mp.dps = precision
+
+    def call_string(self, text: str) -> tuple[str, str]:
+        """(name, result) of a ground-truth call string; positional values are named by the method's signature."""
+        name, args, kwargs = parse_call(text)
+        params = [p for p in inspect.signature(self.methods[name]).parameters]
+        return name, self.call(name, {**dict(zip(params, args)), **kwargs})
+
+    def state(self) -> dict[str, dict[str, Any]]:
+        """Every instance's public attributes (what BFCL's state check compares), copied."""
+        return {c: {k: copy.deepcopy(v) for k, v in vars(i).items() if not k.startswith("_")}
+                for c, i in self.instances.items()}
+
+
+def gold_calls(entry: dict) -> list[list[Call]]:
+    """The ground truth as (name, arguments by name) per user turn."""
+    world = World(entry)
+    turns = []
+    for strings in entry["ground_truth"]:
+        calls = []
+        for text in strings:
+            name, args, kwargs = parse_call(text)
+            params = list(inspect.signature(world.methods[name]).parameters)
+            calls.append((name, {**dict(zip(params, args)), **kwargs}))
+        turns.append(calls)
+    return turns
+
+
+# ------------------------------------------------------------------------------------------------------- checking
+def leaves(value: Any, path: tuple = (), _above: frozenset = frozenset()) -> dict[tuple, Any]:
+    """A state flattened to {path: plain value}: dicts by key, lists by index, objects by public attribute, so that
+    one file, booking or message is its own leaf (a container's emptiness is a leaf too).  A reference back to a
+    container above (a directory's `parent`) is no leaf.
+
+    >>> leaves({"a": [1, {"b": 2}], "c": {}})
+    {('a', 0): 1, ('a', 1, 'b'): 2, ('c',): {}}
+    """
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = [(k, v) for k, v in vars(value).items() if not k.startswith("_")]
+    else:
+        return {path: value}
+    if not items:
+        return {path: type(value)() if isinstance(value, (dict, list, tuple)) else None}
+    above = _above | {id(value)}
+    flat = {}
+    for key, item in items:
+        if id(item) not in above:
+            flat.update(leaves(item, path + (key,), above))
+    return flat
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _changed(before: dict[tuple, Any], after: dict[tuple, Any]) -> set[tuple]:
+    return {p for p in before.keys() | after.keys()
+            if p not in before or p not in after or not _same(before[p], after[p])}
+
+
+@dataclass
+class Verdict:
+    """What `check` found.  turns_passed[t]: None for a turn with nothing to check (empty ground truth)."""
+
+    turns_passed: list[bool | None]
+    errors: list[str]  # why each failed turn failed, "turn t: ..."
+    calls: int  # the policy's calls (every one it wrote, run or not)
+    gold_calls: int
+    violations: list[str]  # collateral damage and unavailable functions, said for people
+
+    @property
+    def correct(self) -> bool:
+        return all(p is not False for p in self.turns_passed)
+
+    @property
+    def turn_share(self) -> float:
+        checked = [p for p in self.turns_passed if p is not None]
+        return sum(checked) / len(checked) if checked else 1.0
+
+    @property
+    def extra_calls(self) -> int:
+        return max(0, self.calls - self.gold_calls)
+
+
+def available(entry: dict, turn: int) -> set[str]:
+    return {doc["name"] for doc in function_docs(entry, turn)}
+
+
+def _counts_as_removed(results: list[str], wanted: list[str]) -> list[str]:
+    """The items of `wanted` missing from `results`, as a multiset (BFCL's unordered subsequence check)."""
+    pool, missing = list(results), []
+    for item in wanted:
+        if item in pool:
+            pool.remove(item)
+        else:
+            missing.append(item)
+    return missing
+
+
+def check(entry: dict, calls_per_turn: list[list[Call]]) -> Verdict:
+    """Grade a policy's calls, `(name, arguments)` per user turn (missing turns: no calls), against the ground truth,
+    each executed on its own fresh world, turn by turn."""
+    turns = len(entry["ground_truth"])
+    calls_per_turn = list(calls_per_turn) + [[]] * (turns - len(calls_per_turn))
+    if len(calls_per_turn) > turns:
+        raise ValueError(f"{len(calls_per_turn)} turns of calls for {entry['id']}, which has {turns} user turns")
+    policy, gold = World(entry), World(entry)
+    start = {c: leaves(s) for c, s in policy.state().items()}
+    all_results: list[str] = []
+    passed: list[bool | None] = []
+    errors, violations = [], []
+    policy_changed: list[tuple[int, str, set[tuple]]] = []
+    gold_changed: dict[str, set[tuple]] = {c: set() for c in start}
+    for t, (gold_strings, calls) in enumerate(zip(entry["ground_truth"], calls_per_turn)):
+        offered = available(entry, t)
+        for name, arguments in calls:
+            if name not in offered:
+                violations.append(f"turn {t}: called {name!r}, not available in this turn")
+                continue
+            all_results.append(policy.call(name, arguments))
+        gold_results = [gold.call_string(s)[1] for s in gold_strings]
+        gold_state, policy_state = gold.state(), policy.state()
+        for c in start:
+            gold_changed[c] |= _changed(start[c], leaves(gold_state[c]))
+            policy_changed.append((t, c, _changed(start[c], leaves(policy_state[c]))))
+        if not gold_strings:
+            passed.append(None)
+            continue
+        error = None
+        if not calls:
+            error = "no call"
+        else:
+            differing = sorted(f"{c}.{k}" for c in gold_state for k in gold_state[c]
+                               if not _same(policy_state[c].get(k), gold_state[c][k]))
+            missing = _counts_as_removed(all_results, gold_results)
+            if differing:
+                error = f"state differs from the ground truth's: {', '.join(differing)}"
+            elif missing:
+                error = f"results lack the ground truth's {missing[0][:120]!r}"
+        passed.append(error is None)
+        if error:
+            errors.append(f"turn {t}: {error}")
+    for t, c, changed in policy_changed:
+        damage = sorted(changed - gold_changed[c], key=str)
+        if damage:
+            violations.append(f"turn {t}: {c} changed {'/'.join(map(str, damage[0]))}"
+                              + (f" and {len(damage) - 1} more values" if len(damage) > 1 else "")
+                              + ", which the ground truth never changes")
+    return Verdict(passed, errors, sum(len(c) for c in calls_per_turn), sum(map(len, entry["ground_truth"])),
+                   _first_per_place(violations))
+
+
+def _first_per_place(violations: list[str]) -> list[str]:
+    """Each damage once (a value left changed shows at every later turn end): its first turn."""
+    seen, kept = set(), []
+    for v in violations:
+        place = v.split(": ", 1)[1]
+        if place not in seen:
+            seen.add(place)
+            kept.append(v)
+    return kept
+
+
+def efficiency(verdict: Verdict) -> float:
+    """Minus the calls beyond the ground truth's, per ground-truth call, in [-1, 0]: -0.5 is half again as many
+    calls as needed; twice as many or more is -1 (a fixed range, so a gated value of -1 is never better)."""
+    return -min(1.0, verdict.extra_calls / max(1, verdict.gold_calls))
+
+
+def replay(entry: dict, calls_per_turn: list[list[Call]]) -> dict[str, float]:
+    """The bfcl_agent channels of a call sequence, without a model: calls as `(name, arguments)` per user turn.
+
+    correctness: 1.0 when BFCL's checks pass after every turn, else 0.0; turns: the share of checked turns that
+    pass; efficiency: see `efficiency`; safety: -1.0 on collateral damage or a call to an unavailable function, else
+    0.0."""
+    verdict = check(entry, calls_per_turn)
+    return {"correctness": float(verdict.correct), "turns": verdict.turn_share, "efficiency": efficiency(verdict),
+            "safety": -1.0 if verdict.violations else 0.0}

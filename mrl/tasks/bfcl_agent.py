@@ -1,0 +1,131 @@
+"""bfcl_agent: BFCL v4 multi-turn as an agent gym (mrl.benchmarks.bfcl_agent: the data, the worlds, the checks).
+
+An episode is one BFCL entry.  Its classes are instantiated from the entry's `initial_config` (a world per rollout),
+their functions are declared as tools, and its user turns come one after another: the first is the prompt; within a
+turn the agent calls tools (`<tool_call>` JSON in its chat format), each dispatched as a method call on the world
+with the parsed arguments, its result read back as a `tool` message, until it answers without a call or has made
+`max_calls_per_turn` calls; then the user's next message comes (a miss_func turn that adds functions declares them
+in that message: the tools of a transcript already under way cannot be declared again), and after the last turn the
+episode ends.  The reward channels (mrl.rewards.bfcl_agent) replay the calls on fresh worlds, with the ground truth
+beside them.
+
+The held-out split is fixed by entry id, as in mrl.tasks.bfcl (crc32 of the id): the same entries whatever the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from mrl.benchmarks import bfcl_agent as gym
+from mrl.config import UserError
+from mrl.data import EpochStream
+from mrl.episode import Prompt
+from mrl.tasks.bfcl import held_out
+
+
+class BfclWorld:
+    """One episode's world (mrl.protocols.Environment): the entry's instances, the user turn under way, and the
+    calls made in it."""
+
+    def __init__(self, entry: dict, max_calls_per_turn: int, compact: bool):
+        self.entry, self.max_calls_per_turn, self.compact = entry, max_calls_per_turn, compact
+        self.world = gym.World(entry)
+        self.messages = gym.user_turns(entry)
+        self.user_turn, self.calls_this_turn = 0, 0
+        self._available = gym.available(entry, 0)
+
+    def available(self) -> set[str]:
+        return self._available
+
+    def call(self, name: str, arguments: Any) -> str:
+        self.calls_this_turn += 1
+        return self.world.call(name, arguments)
+
+    def turn_over(self) -> bool:
+        return self.calls_this_turn >= self.max_calls_per_turn
+
+    def next_message(self) -> str | None:
+        if self.user_turn + 1 >= len(self.messages):
+            return None
+        self.user_turn += 1
+        self.calls_this_turn = 0
+        self._available = gym.available(self.entry, self.user_turn)
+        added = gym.added_docs(self.entry, self.user_turn)
+        message = self.messages[self.user_turn]
+        if added:  # BFCL's prompting form: the new functions' docs, then its sentence
+            docs = "\n".join(json.dumps(s["function"]) for s in gym.schemas(added, self.compact))
+            message = "\n\n".join(part for part in (docs, gym.ADDED_FUNCTIONS, message) if part)
+        return message
+
+
+class BfclAgentTask:
+    """BFCL v4 multi-turn entries of `categories` as stateful agent episodes; `prompt(index)` walks the train split
+    (reshuffled each epoch), `eval_prompts()` the held-out one.
+
+    max_calls_per_turn: calls the agent may make in one user turn before the user's next message comes (BFCL's own
+      limit is 20 steps; its ground truth needs at most ~6).
+    classes: only entries whose classes are all among these (empty: every entry); a lever for small models and short
+      prompts, since every involved class's functions are declared.
+    compact_docs: declare each function without the preamble BFCL repeats in every description (~half the tokens).
+    max_user_turns: only entries with at most this many user turns (0: any); with `classes` and the two limits
+      below, a subset sized for a CPU.
+    max_entries, max_eval_entries: at most this many train / held-out entries (0: all), the first in crc32 order of
+      their ids (fixed, whatever the seed).
+    """
+
+    def __init__(self, categories: list[str] | str = ("multi_turn_base",), seed: int = 0, eval_percent: float = 20.0,
+                 max_calls_per_turn: int = 10, classes: list[str] | tuple = (), compact_docs: bool = False,
+                 max_user_turns: int = 0, max_entries: int = 0, max_eval_entries: int = 0):
+        categories = [categories] if isinstance(categories, str) else list(categories)
+        if not categories:
+            raise UserError(f"rewards.task.categories is empty; choose some of {list(gym.CATEGORIES)}")
+        if not 0 <= eval_percent < 100:
+            raise UserError(f"rewards.task.eval_percent={eval_percent} must be in [0, 100), e.g. 20")
+        if max_calls_per_turn < 1:
+            raise UserError(f"rewards.task.max_calls_per_turn={max_calls_per_turn} must be at least 1, e.g. 10")
+        unknown = sorted(set(classes) - set(gym.CLASSES))
+        if unknown:
+            raise UserError(f"rewards.task.classes has {unknown}, not BFCL classes; choose from {sorted(gym.CLASSES)}")
+        self.max_calls_per_turn, self.compact_docs = max_calls_per_turn, compact_docs
+        entries = [e for c in categories for e in gym.load_entries(c)
+                   if (not classes or set(e["involved_classes"]) <= set(classes))
+                   and (not max_user_turns or len(e["question"]) <= max_user_turns)]
+        if not entries:
+            raise UserError(f"no BFCL entry of {categories} uses only the classes {list(classes)} with at most "
+                            f"{max_user_turns or 'any number of'} user turns; add classes or raise max_user_turns")
+        self.entries = {e["id"]: e for e in entries}
+        train = [e for e in entries if not held_out(e["id"], eval_percent)]
+        self.eval = [e for e in entries if held_out(e["id"], eval_percent)]
+        if max_entries:
+            train = sorted(train, key=lambda e: zlib.crc32(e["id"].encode()))[:max_entries]
+        if max_eval_entries:
+            self.eval = sorted(self.eval, key=lambda e: zlib.crc32(e["id"].encode()))[:max_eval_entries]
+        if not train:
+            raise UserError(f"BFCL categories {categories} leave no train entries at eval_percent={eval_percent}")
+        self.train = train
+        self._stream = EpochStream(train, f"bfcl_agent/{seed}")
+        # Turns of the policy (calls and answers) an episode may take: every user turn's calls and its answer.
+        self.max_turns = max(len(e["question"]) for e in entries) * (max_calls_per_turn + 1)
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def prompt(self, index: int) -> Prompt:
+        return self.to_prompt(self._stream[index])
+
+    def eval_prompts(self) -> list[Prompt]:
+        return [self.to_prompt(e) for e in self.eval]
+
+    def to_prompt(self, entry: dict) -> Prompt:
+        first = gym.user_turns(entry)[0]
+        tools = gym.schemas(gym.function_docs(entry, 0), self.compact_docs)
+        meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"])}
+        return Prompt(text=first, meta=meta, messages=[{"role": "user", "content": first}], tools=tools)
+
+    def environment(self, prompt: Prompt) -> BfclWorld:
+        return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs)
+
+    def entry(self, prompt: Prompt) -> dict:
+        return self.entries[prompt.meta["id"]]
