@@ -278,27 +278,43 @@ def test_stdin_stdout_tests_compare_the_output_here():
     assert res.pass_rate == 1.0 and res.stdout == ""
 
 
-def test_result_lines_are_validated_claims():
-    from mrl.sandbox import _parse
+def _claims(raw: bytes, n_probes: int, n_io: int = 0):
+    """The sandbox's result lines as the grader sees them: parsed claims, their values rebuilt from builtins."""
+    from mrl.sandbox import grading, wire
 
+    reply = wire.parse(raw, n_probes, n_io)
+    probes = {}
+    for k, (kind, value) in reply.probes.items():
+        try:
+            probes[k] = (kind, grading.decode(value) if kind == "v" else value)
+        except grading.NotPlain:
+            probes[k] = ("e", "NotPlainData")
+    return reply, probes
+
+
+def test_result_lines_are_validated_claims():
     raw = b"\n".join([
         b'{"ev":"loaded"}', b'{"ev":"load_error","e":"X"}',  # the first header counts
         b'{"p":0,"v":{"tuple":[1,2]}}', b'{"p":0,"v":5}',  # the first answer for a probe counts
         b'{"p":1,"v":{"__eq__":true}}', b'{"p":2,"v":NaN}', b'{"p":3,"v":{"set":[[1]]}}',  # not plain data
-        b'{"p":9,"v":1}', b'{"p":true,"v":1}', b'not json', b'[1]', b'{"io":0,"out":5}', b'{"io":0,"out":"ok","e":1}',
+        b'{"p":9,"v":1}', b'{"p":true,"v":1}', b'not json', b'[1]', b'{"io":0,"out":5}',
+        b'{"io":0,"out":"ok","e":1}',
     ])
-    reply = _parse(raw, n_probes=4, n_io=1)
+    reply, probes = _claims(raw, n_probes=4, n_io=1)
     assert reply.header == "loaded"
-    assert reply.probes == {0: ("v", (1, 2)), 1: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
+    assert probes == {0: ("v", (1, 2)), 1: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
     assert reply.io == {0: ("ok", None)}
+    # An error name is echoed in the grader's verdict lines: it is cut down to what a name holds.
+    reply, probes = _claims(b'{"ev":"loaded"}\n{"p":0,"e":"Bad\\n1 ok"}', n_probes=1)
+    assert probes == {0: ("e", "Bad1ok")}
 
-    # Ints that all hash alike would make building the set quadratic in the trainer: refused, and quickly.
+    # Ints that all hash alike would make building the set quadratic: refused, and quickly.
     colliding = [i * (2**61 - 1) for i in range(50_000)]
     start = time.monotonic()
-    reply = _parse(json.dumps({"p": 0, "v": {"set": colliding}}).encode(), n_probes=1, n_io=0)
-    assert reply.probes == {0: ("e", "NotPlainData")} and time.monotonic() - start < 2
+    _, probes = _claims(json.dumps({"p": 0, "v": {"set": colliding}}).encode(), n_probes=1)
+    assert probes == {0: ("e", "NotPlainData")} and time.monotonic() - start < 2
     spread = list(range(50_000))
-    assert _parse(json.dumps({"p": 0, "v": {"set": spread}}).encode(), 1, 0).probes == {0: ("v", set(spread))}
+    assert _claims(json.dumps({"p": 0, "v": {"set": spread}}).encode(), 1)[1] == {0: ("v", set(spread))}
 
 
 def test_process_sandbox_runs_and_grades_the_same_way():
@@ -309,27 +325,25 @@ def test_process_sandbox_runs_and_grades_the_same_way():
 
 
 def test_missing_bwrap_refuses_in_one_line(monkeypatch):
-    import mrl.sandbox as sandbox
     from mrl.config import UserError
+    from mrl.sandbox import SandboxUnavailable, launcher
 
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    sandbox._bwrap_base.cache_clear()
-    sandbox._check_runs.cache_clear()
+    monkeypatch.setattr(launcher.shutil, "which", lambda name: None)
+    launcher._bwrap_base.cache_clear()
+    launcher.check_runs.cache_clear()
     try:
-        with pytest.raises(sandbox.SandboxUnavailable) as err:
+        with pytest.raises(SandboxUnavailable) as err:
             run_tests(ADD3, ["f(1) == 4"], LIMITS)
         assert isinstance(err.value, UserError) and "\n" not in str(err.value)
         assert "apt-get install bubblewrap" in str(err.value) and "rewards.sandbox=process" in str(err.value)
         assert run_tests(ADD3, ["f(1) == 4"], LIMITS, sandbox="process").pass_rate == 1.0
     finally:
-        sandbox._bwrap_base.cache_clear()
-        sandbox._check_runs.cache_clear()
+        launcher._bwrap_base.cache_clear()
+        launcher.check_runs.cache_clear()
 
 
 def test_large_ints_come_back_as_hex_text_and_forged_ones_are_refused():
     import math
-
-    from mrl.sandbox import _parse
 
     # 2000! has 5,736 digits (over the int-str limit of 4,300): it comes back whole and compares here.
     code = "import math\ndef f(n):\n    return math.factorial(n)\ndef g(n):\n    return 1 << n\n"
@@ -340,8 +354,8 @@ def test_large_ints_come_back_as_hex_text_and_forged_ones_are_refused():
     # On the wire: {"int": lowercase hex}; an int body, a 0x prefix or underscores are not plain data.
     raw = b'{"ev":"loaded"}\n{"p":0,"v":{"int":"-ff"}}\n{"p":1,"v":{"int":255}}\n{"p":2,"v":{"int":"0xff"}}\n' \
           b'{"p":3,"v":{"int":"f_f"}}'
-    assert _parse(raw, n_probes=4, n_io=0).probes == {0: ("v", -255), 1: ("e", "NotPlainData"),
-                                                      2: ("e", "NotPlainData"), 3: ("e", "NotPlainData")}
+    assert _claims(raw, n_probes=4)[1] == {0: ("v", -255), 1: ("e", "NotPlainData"), 2: ("e", "NotPlainData"),
+                                           3: ("e", "NotPlainData")}
 
 
 def test_test_error_and_passes_if_every_probe_returns():
