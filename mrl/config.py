@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -287,4 +287,17 @@ def register_configs() -> None:
         cs.store(group=group, name=f"{group}_schema", node=schema)
 
 
+def worst_token_cost(max_new_tokens: int, max_turns: int, max_tool_tokens: int, max_call_tokens: int) -> float:
+    """`${mrl.worst_token_cost:...}` in a rewards preset: minus the most tokens an episode can be charged within the
+    run's budget, the gate of a token-cost channel (no real episode pays less).  Generated: at most max_new_tokens;
+    observed: at most one tool result per turn, each charged at most min(max_tool_tokens, max_call_tokens), and
+    a call takes at least one generated token.
+
+    >>> worst_token_cost(10, 3, 256, 5)  # agent_triple's defaults: 10 generated + 3 calls x 5 observed
+    -25.0
+    """
+    return -float(max_new_tokens + min(max_turns, max_new_tokens) * min(max_tool_tokens, max_call_tokens))
+
+
 register_configs()
+OmegaConf.register_new_resolver("mrl.worst_token_cost", worst_token_cost, replace=True)

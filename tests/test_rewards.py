@@ -460,8 +460,74 @@ def test_build_gdpo_conditioned():
     eff, safety = rs.specs[1], rs.specs[2]
     assert eff.condition_on == "correctness" and eff.threshold == 1.0
     assert safety.enforce == "veto" and safety.violation_below == 0.0
-    assert eff.gated_value == -25.0  # a cost channel's gate pays at least the worst real cost
+    assert eff.gated_value == -25.0  # the most an episode can cost at the defaults: 10 + 3 turns x 5 observed
     assert_close(rs.weights, torch.tensor([1.0, 0.25, 0.0]))
+
+
+# Budgets (trainer.max_new_tokens, rewards.task.max_turns, trainer.max_tool_tokens): the defaults; a long budget at
+# which the old constant gate (-25) paid less than a real episode; a cut tool result; one turn.
+BUDGETS = [(10, 3, 256), (32, 3, 256), (16, 3, 2), (24, 1, 256)]
+
+
+def worst_episodes(max_new: int, max_turns: int) -> list[Episode]:
+    """The costliest transcripts a budget allows, by hand: fill the budget without answering, with and without
+    tool calls that answer nothing (lookup), and call calc with the last token."""
+    filler = " ".join(f"w{i % 5}" for i in range(max_new))
+    calls = min(max_turns, max_new) - 1
+    return [
+        agent_episode(filler, truncated=True, max_new_tokens=max_new),
+        agent_episode(" ".join(filler.split()[:max_new - 1]), calls=(CALC_7,), max_new_tokens=max_new),
+        agent_episode(*[""] * (calls + 1), calls=(LOOKUP,) * calls + (CALC_7,), max_new_tokens=max_new),
+        agent_episode(*[""] * (calls + 1), calls=(LOOKUP,) * (calls + 1), truncated=True, max_new_tokens=max_new),
+    ]
+
+
+@pytest.mark.parametrize("max_new,max_turns,max_tool", BUDGETS)
+def test_a_gated_or_vetoed_episode_never_scores_better_than_a_real_one(max_new, max_turns, max_tool, model,
+                                                                        tokenizer):
+    """agent_triple's efficiency gate is derived from the budget (mrl.config.worst_token_cost): on real episodes
+    sampled at that budget (the protocol cuts tool results to max_tool_tokens) and on the costliest ones written by
+    hand, every gated channel's gated_value is at most the channel's lowest real value."""
+    from mrl.rollout import Sampling, generate
+    from mrl.tasks import build_task, episode_protocol
+
+    cfg = compose_config("algo=gdpo_conditioned", f"trainer.max_new_tokens={max_new}",
+                         f"rewards.task.max_turns={max_turns}", f"trainer.max_tool_tokens={max_tool}")
+    reward_set = build_reward_set(cfg.rewards, cfg.algo)
+    task = build_task(cfg)
+    torch.manual_seed(max_new)
+    sampled = generate(model, tokenizer, [task.prompt(i) for i in range(6)], 8, Sampling.of(cfg.trainer),
+                       episode_protocol(cfg, tokenizer, task), torch.device("cpu")).episodes
+    episodes = sampled + (worst_episodes(max_new, max_turns) if max_tool >= 5 else [])
+    assert any(e.tool_calls for e in sampled)
+    real, _ = reward_set.score(episodes)  # [M, K]
+    gated = torch.tensor([s.gated_value for s in reward_set.specs])
+    for k, spec in enumerate(reward_set.specs):
+        if spec.condition_on is not None or any(s.enforce == "veto" for s in reward_set.specs):
+            if spec.enforce is None:  # (the vetoing constraint keeps its own value)
+                assert gated[k] <= real[:, k].min(), (spec.name, gated[k].item(), real[:, k].min().item())
+    efficiency = reward_set.names.index("efficiency")
+    assert reward_set.specs[efficiency].fn.max_call_tokens == 5  # the gate's last argument in the preset
+    assert gated[efficiency] == -(max_new + min(max_turns, max_new) * min(max_tool, 5))
+    # Through the veto: a shortcut user pays the gate, never less than any real episode.
+    vetoed, _, _ = reward_set.shape(real.view(1, -1, len(reward_set.names)))
+    used_hack = real[:, reward_set.names.index("safety")] < 0
+    assert (vetoed[0, used_hack, efficiency] <= real[:, efficiency].min()).all()
+
+
+def test_the_old_constant_gate_paid_less_than_a_real_episode_at_a_long_budget():
+    # Issue 21: gated_value -25 was sized for 10 generated tokens; at 32, a long correct episode costs 31 + 5.
+    long_correct = agent_episode(" ".join(["w1"] * 30), calls=(CALC_7,), max_new_tokens=32)
+    assert Efficiency(max_call_tokens=5)(long_correct) == -36.0 < -25.0
+    assert compose_config("algo=gdpo_conditioned", "trainer.max_new_tokens=32").rewards.channels.efficiency \
+        .gated_value == -47.0  # 32 + 3 x 5
+
+
+def test_efficiency_charges_a_tool_result_at_most_max_call_tokens():
+    ep = agent_episode("", "", calls=(("lookup", "| | | | | | | |"),), eos=True, max_new_tokens=10)
+    assert Efficiency()(ep) == -18.0  # unanswered: 10 + 8 observed
+    assert Efficiency(max_call_tokens=5)(ep) == -15.0  # 10 + 5
+    assert Efficiency(max_call_tokens=5)(agent_episode("", calls=(CALC_7,))) == -6.0  # calc: 1 + 5, as read
 
 
 def test_build_weights_override():
@@ -489,7 +555,7 @@ def test_build_condition_on_missing_is_user_error():
 def test_user_channel_by_target_override():
     # Replace an existing channel's fn by a plain function through `_target_` + `_partial_: true`.
     rs = build("algo=grpo", "rewards.channels.efficiency.fn._target_=test_rewards.my_channel",
-               "+rewards.channels.efficiency.fn._partial_=true")
+               "+rewards.channels.efficiency.fn._partial_=true", "~rewards.channels.efficiency.fn.max_call_tokens")
     assert rs.names == ["correctness", "efficiency", "safety"]
     assert_close(rs.score([episode("w1 w2 7"), episode("")])[0], torch.tensor([[1.0, -3.0, 0.0], [0.0, -0.0, 0.0]]))
 

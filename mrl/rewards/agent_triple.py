@@ -18,16 +18,24 @@ class Correctness:
 
 class Efficiency:
     """Minus the episode's token cost on its raw scale: tokens generated (end-of-sequence included) plus tokens
-    read from tools.  An episode that never answers costs at least the whole budget `max_new_tokens`.
+    read from tools, a tool result charged at most `max_call_tokens` (None: as read).  An episode that never answers
+    costs at least the whole budget `max_new_tokens`.  Within a budget no episode costs more than
+    mrl.config.worst_token_cost, the gate agent_triple's preset pays (derived from the budget, not a constant).
 
     With max_new_tokens=10: `0` -> -1.0; `hack 0` -> -2.0; `calc | | | | 0` -> -6.0; `<eos>` -> -10.0 (no answer).
     Its spread is many times correctness's: the source of scale dominance.
     """
 
+    def __init__(self, max_call_tokens: int | None = None):
+        self.max_call_tokens = max_call_tokens
+
     def __call__(self, episode: Episode) -> float:
-        cost = episode.num_tokens + episode.observation_tokens
+        observed = episode.observation_tokens
+        if self.max_call_tokens is not None:
+            observed = min(observed, len(episode.tool_calls) * self.max_call_tokens)
+        cost = episode.num_tokens + observed
         if read_answer(episode) is None:
-            cost = max(cost, episode.max_new_tokens + episode.observation_tokens)
+            cost = max(cost, episode.max_new_tokens + observed)
         return -float(cost)
 
 
