@@ -42,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from mrl import distributed as dist
-from mrl.advantages import advantage_shares, distinct_per_group, first_live, live_groups
+from mrl.advantages import advantage_shares, distinct_per_group, first_live
 from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable
@@ -108,7 +108,7 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     with run.actor.whole(), run.critic.whole() if run.critic is not None else nullcontext():
         old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
             run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
-            policy=not single_update(cfg))
+            policy=not single_update(cfg), warp=Sampling.of(trainer).truncation())
     kl_penalty = reward_kl_penalty(algo, old_logprobs, ref_logprobs, mask)  # [N, T] | None
     every = gather_step(collected, mask, kl_penalty, failed)  # every rank's rows, for the batch statistics
     advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
@@ -347,7 +347,8 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
     `whole()` is the context in which the policy's weights are whole (Trainable.whole: ZeRO-3 gathers them).
 
     With dynamic sampling, groups to which the estimator gives no non-zero advantage *after shaping* (what the
-    update trains on; mrl.advantages.live_groups) are dropped and more prompts drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.
+    update trains on; mrl.advantages.live_groups) are dropped and more prompts drawn, until B live groups are found
+    or `algo.max_gen_batches` rounds were generated.
 
     B is global: this rank generates its shard of each round's prompts (mrl.distributed.shard), and the live groups
     kept are the first ones in the global order, as on one process, so every rank agrees on the rounds and on the
@@ -444,6 +445,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
     All tensors [N, T].  Returns (per-mini-batch sums of the update metrics, number of mini-batches).
     """
     algo, trainer = cfg.algo, cfg.trainer
+    warp = Sampling.of(trainer).truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
     actor.module.train()
     if critic is not None:
         critic.module.train()  # gradient checkpointing (and dropout, if any) only act in train mode
@@ -467,7 +469,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                 micro, m_mask = batch.take(rows), loss_mask[rows_d]
                 # The entropy is logged; it carries gradients only for an entropy bonus.
                 logprobs, entropy, values = policy_forward(actor, micro, trainer.temperature, entropy=True,
-                                                           entropy_grad=algo.entropy_coef != 0)
+                                                           entropy_grad=algo.entropy_coef != 0, warp=warp)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[rows_d]
                 pg_loss, clipped = clipped_surrogate(logprobs, old, advantages[rows_d], algo.clip_low,
                                                      algo.clip_high)
@@ -544,9 +546,10 @@ def single_update(cfg: DictConfig) -> bool:
 
 @torch.no_grad()
 def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
-                   temperature: float, policy: bool = True):
+                   temperature: float, policy: bool = True, warp=None):
     """Phase 2: (old log-probs [N, T] or None when not `policy`, reference log-probs [N, T] or None, old values
-    [N, T] or None), micro-batched, log-probs of the sampling distribution (logits / temperature)."""
+    [N, T] or None), micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by
+    `warp` under top_k / top_p; the reference's by its own top-k / top-p)."""
     actor.module.eval()
     if critic is not None:
         critic.module.eval()
@@ -554,10 +557,10 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
     for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
         micro, head_values = batch.take(rows), None
         if policy or actor.module.value_head is not None:  # the value head's old values need this pass anyway
-            logprobs, _, head_values = policy_forward(actor, micro, temperature)
+            logprobs, _, head_values = policy_forward(actor, micro, temperature, warp=warp)
             old.append(logprobs)
         if reference is not None:
-            ref.append(policy_forward(reference, micro, temperature)[0])
+            ref.append(policy_forward(reference, micro, temperature, warp=warp)[0])
         if critic is not None:
             values.append(value_forward(critic, micro))
         elif head_values is not None:

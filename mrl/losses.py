@@ -63,16 +63,37 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Per-token entropy of the categorical distribution.  logits: [N, T, V] -> [N, T]."""
+    """Per-token entropy of the categorical distribution.  logits: [N, T, V] -> [N, T]; -inf logits (tokens a
+    truncation left out) have probability 0 and add 0 (no NaN, in the forward or the backward)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = logp.masked_fill(torch.isneginf(logits), 0.0)
     return -(logp.exp() * logp).sum(-1)
 
 
+def truncate(logits: Tensor, targets: Tensor, warp: Callable[[Tensor | None, Tensor], Tensor] | None) -> Tensor:
+    """The logits of the distribution the sampler drew from under top_k / top_p: -inf on every token the sampler's
+    own warpers (`warp`: HF's TopK / TopP classes, in HF's order, after the temperature) leave out, so that log
+    softmax is the truncated, renormalized distribution.  The target is always kept: the policy the update moves
+    may drop a sampled token from its top-k (its log-prob would be -inf and the ratio 0; in the sampler's own
+    distribution it is always inside).  logits [c, V] (already / temperature), targets [c] -> [c, V].
+
+    >>> from transformers import TopKLogitsWarper
+    >>> truncate(torch.tensor([[2., 1., 0.]]), torch.tensor([0]), TopKLogitsWarper(1)).tolist()
+    [[2.0, -inf, -inf]]
+    """
+    if warp is None:
+        return logits
+    kept = torch.isfinite(warp(None, logits.detach()))  # [c, V]
+    kept[torch.arange(len(targets), device=targets.device), targets] = True
+    return logits.masked_fill(~kept, -torch.inf)
+
+
 def token_logprobs(head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Tensor, vocab_size: int,
-                   temperature: float = 1.0, entropy: bool = False, entropy_grad: bool = False
-                   ) -> tuple[Tensor, Tensor | None]:
-    """Log-probs of `targets` and (optionally) the entropy of softmax(head(hidden) / temperature), never holding the
-    [N, T, V] logits.  hidden [N, T, H], targets [N, T] -> (log-probs [N, T], entropy [N, T] or None).
+                   temperature: float = 1.0, entropy: bool = False, entropy_grad: bool = False,
+                   warp: Callable | None = None) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of `targets` and (optionally) the entropy of softmax(head(hidden) / temperature), truncated by `warp`
+    (top_k / top_p, see `truncate`) when given, never holding the [N, T, V] logits.  hidden [N, T, H], targets
+    [N, T] -> (log-probs [N, T], entropy [N, T] or None).
 
     `head` (the output layer) runs on at most LOGIT_CHUNK / vocab_size positions at a time; log p = logit -
     logsumexp (no log-softmax is kept).  With gradients and more than one chunk, each chunk's logits are recomputed
@@ -85,7 +106,7 @@ def token_logprobs(head: Callable[[Tensor], Tensor], hidden: Tensor, targets: Te
     with_entropy = entropy or entropy_grad
 
     def score(h: Tensor, t: Tensor) -> tuple[Tensor, Tensor | None]:  # [c, H], [c] -> [c], [c]
-        logits = head(h).float() / temperature  # [c, V]
+        logits = truncate(head(h).float() / temperature, t, warp)  # [c, V]
         logprobs = logits.gather(1, t[:, None]).squeeze(1) - torch.logsumexp(logits, -1)
         if not with_entropy:
             return logprobs, None

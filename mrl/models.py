@@ -178,12 +178,13 @@ class Actor(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, keep: int = 0, prompt_width: int = 0,
                 targets: torch.Tensor | None = None, temperature: float = 1.0, entropy: bool = False,
-                entropy_grad: bool = False):
+                entropy_grad: bool = False, warp=None):
         """The last `keep` positions (0: all L) of each row.
 
         Without `targets`: (logits [N, keep, V], values [N, keep] or None).
         With `targets` [N, K], K <= keep: (log-probs [N, K] of targets[:, k] at kept position k, of logits /
-        temperature; entropies [N, K] or None without `entropy` or `entropy_grad`; values [N, keep] or None).  The
+        temperature, truncated by `warp` (top_k / top_p: mrl.losses.truncate) when given; entropies [N, K] or None
+        without `entropy` or `entropy_grad`; values [N, keep] or None).  The
         output layer then runs a chunk of positions at a time: no [N, K, V] tensor exists, in the forward or the
         backward (mrl.losses.linear_token_logprobs where plain_output_weight allows, its gradient by hand; else
         mrl.losses.token_logprobs, recomputed by autograd).  Inside forward, so that an engine (DeepSpeed) sees one
@@ -207,12 +208,12 @@ class Actor(nn.Module):
             hidden = hidden[:, -keep:]  # [N, keep, H]
             if targets is not None:
                 scored_hidden = hidden[:, :targets.shape[1]]  # [N, K, H]
-                weight = None if entropy_grad else self.plain_output_weight()
+                weight = None if entropy_grad or warp is not None else self.plain_output_weight()
                 scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature / self.logit_multiplier(),
                                                 entropy)
                           if weight is not None else
                           token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
-                                         entropy_grad))
+                                         entropy_grad, warp))
             else:
                 scored = (self.logits(hidden),)
         values = None

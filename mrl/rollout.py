@@ -124,18 +124,28 @@ class Sampling:
     def warpers(self):
         """What HF generate does to the next token's logits before drawing it, for these settings (its own
         warper classes, in its order); None when greedy."""
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
         if self.greedy:
             return None
         warpers = LogitsProcessorList()
         if self.temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(self.temperature))
+        warpers.extend(self.truncation() or [])
+        return warpers
+
+    def truncation(self):
+        """The warpers after the temperature (top_k, then top_p: HF's classes and order), or None when neither is
+        set: what the loss applies to logits / temperature so that it scores the distribution the sampler drew from
+        (mrl.losses.truncate)."""
+        from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers = LogitsProcessorList()
         if self.top_k != 0:
             warpers.append(TopKLogitsWarper(self.top_k))
         if self.top_p < 1.0:
             warpers.append(TopPLogitsWarper(self.top_p))
-        return warpers
+        return warpers or None
 
 
 @contextmanager
@@ -427,9 +437,10 @@ ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], R
 
 
 def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                   entropy_grad: bool = False, warp=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the
-    distribution the rollouts were sampled from: logits / temperature (as TRL and verl).
+    distribution the rollouts were sampled from: logits / temperature, truncated as the sampler truncates under
+    top_k / top_p (`warp`: Sampling.truncation(); TRL and verl leave the truncation out).
 
     Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
     values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
@@ -440,7 +451,8 @@ def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bo
     keep = batch.completion_ids.shape[1] + 1
     logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
                                         prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
-                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad)
+                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad,
+                                        warp=warp)
     values = values[:, :-1].float() if values is not None else None
     return logprobs, entropies, values
 

@@ -16,6 +16,7 @@ from mrl.losses import (
     kl_k3,
     linear_token_logprobs,
     token_logprobs,
+    truncate,
     value_loss,
 )
 
@@ -416,3 +417,50 @@ def test_value_loss_large_clip_is_plain_mse():
     old = torch.randn(4, 5, generator=gen, dtype=torch.float64)
     ret = torch.randn(4, 5, generator=gen, dtype=torch.float64)
     assert_close(value_loss(v, old, ret, clip=1e9), 0.5 * (v - ret) ** 2, **TOL)
+
+
+# ------------------------------------------------------------------------------------ top_k / top_p truncation
+
+
+def test_truncate_keeps_what_hf_top_k_and_top_p_keep_and_the_target():
+    from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.4, 0.3, 0.2, 0.1]]))
+    top2 = TopKLogitsWarper(2)
+    out = truncate(logits, torch.tensor([0, 3]), top2)
+    # Row 0: the top 2 (0.5, 0.3) renormalized: 0.625, 0.375.  Row 1: its target, token 3, is kept besides the top 2:
+    # 0.4, 0.3, 0.1 renormalized over 0.8: 0.5, 0.375, 0.125.
+    assert_close(out.softmax(-1), torch.tensor([[0.625, 0.375, 0.0, 0.0], [0.5, 0.375, 0.0, 0.125]]))
+    # top_p 0.7: HF keeps the smallest head whose mass reaches 0.7: 0.5 + 0.3 (row 0), 0.4 + 0.3 (row 1).
+    nucleus = truncate(logits, torch.tensor([0, 0]), TopPLogitsWarper(0.7))
+    assert torch.isinf(nucleus).tolist() == [[False, False, True, True], [False, False, True, True]]
+    both = LogitsProcessorList([TopKLogitsWarper(3), TopPLogitsWarper(0.7)])
+    assert torch.equal(truncate(logits, torch.tensor([0, 0]), both), nucleus)
+    assert truncate(logits, torch.tensor([0, 0]), None) is logits
+
+
+def test_entropy_and_its_gradient_of_a_truncated_distribution_are_finite():
+    logits = torch.tensor([[1.0, 0.0, -torch.inf, -torch.inf]], requires_grad=True)
+    entropy = entropy_from_logits(logits)
+    p = math.exp(1) / (math.exp(1) + 1)  # two tokens left
+    assert_close(entropy, torch.tensor([-(p * math.log(p) + (1 - p) * math.log(1 - p))]))
+    entropy.sum().backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 2:].eq(0).all()
+
+
+def test_token_logprobs_with_a_warp_score_the_truncated_distribution():
+    from transformers import TopKLogitsWarper
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 6, bias=False)
+    hidden = torch.randn(2, 3, 4, requires_grad=True)
+    targets = torch.randint(0, 6, (2, 3))
+    logprobs, entropy = token_logprobs(head, hidden, targets, 6, 0.7, entropy_grad=True, warp=TopKLogitsWarper(2))
+    logits = head(hidden) / 0.7  # [2, 3, 6]
+    kept = logits >= logits.topk(2, -1).values[..., -1:]
+    kept.scatter_(-1, targets[..., None], True)
+    logp = torch.log_softmax(logits.masked_fill(~kept, -torch.inf), -1)
+    assert_close(logprobs, logp.gather(-1, targets[..., None]).squeeze(-1))
+    assert_close(entropy, -(logp.exp() * logp.masked_fill(~kept, 0)).sum(-1))
+    (logprobs.sum() + entropy.sum()).backward()
+    assert torch.isfinite(hidden.grad).all()

@@ -50,6 +50,16 @@ def test_ppo_value_head_and_kl_reference(make_cfg, tmp_path):
     assert math.isfinite(final["loss/value"]) and final["kl"] is not None and final["kl"] >= 0
 
 
+def test_top_k_top_p_train_with_kl_entropy_and_a_second_epoch_finite(make_cfg, tmp_path):
+    # The loss scores the truncated distribution (mrl.losses.truncate): no -inf log-prob reaches the ratio, the KL or
+    # the entropy, on the second epoch either (the moved policy may drop a sampled token from its own top-k).
+    final = train(make_cfg("algo=grpo", "trainer.top_k=5", "trainer.top_p=0.9", "algo.kl_coef=0.05",
+                           "algo.kl_mode=loss", "algo.entropy_coef=0.01", "algo.epochs=2"), tmp_path)
+    for key in ("loss/policy", "loss/total", "kl", "entropy", "policy/approx_kl", "grad_norm"):
+        assert math.isfinite(final[key]), key
+    assert final["entropy"] < math.log(5) + 1e-6  # at most 5 tokens carry probability
+
+
 def test_ppo_logs_the_kl_penalty_its_rewards_carried(make_cfg, tmp_path):
     train(make_cfg("algo=ppo", "algo.kl_coef=0.1", "algo.kl_mode=reward"), tmp_path)
     first, second = read_metrics(tmp_path / METRICS_FILE)
