@@ -2,7 +2,12 @@
 evaluations (trainer.eval_every), a row of held-out panels under the training ones and a table of their last values.
 
 Training curves are smoothed (a point per step is noisy); held-out points are few and each is already a mean over
-the held-out prompts, so they are drawn as they are, markers joined by lines."""
+the held-out prompts, so they are drawn as they are, markers joined by lines.
+
+Beside the PNG, `report.html` draws the same panels with plotly (hover for step, run and value; click a run in the
+legend to hide it) over the same tables, and links a CSV per run of every metric it logged (`report_data/`).  The
+page embeds plotly.js (~4.5 MB), so it opens offline from the file alone; `write_html_report` writes it for any list
+of runs (the reproductions call it on theirs)."""
 
 from __future__ import annotations
 
@@ -116,9 +121,15 @@ def draw_eval(ax, runs: list[Run], keys: list[str]) -> None:
                 ax.plot(steps, values, marker="o", markersize=4, linewidth=1.2, label=label)
 
 
+def train_panels(runs: list[Run]) -> list[str]:
+    """The training panels: every channel any run logged, in order of first appearance, then the weighted total."""
+    return list(dict.fromkeys(c for r in runs for c in r.channels())) + ["total"]
+
+
 def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smooth: int = 10) -> tuple[Path, str]:
     """Write the PNG (a panel per channel, a line per run, raw faint and smoothed over `smooth` steps solid; held-out
-    panels in a second row when the runs evaluated) and a markdown table of final means beside it; return both."""
+    panels in a second row when the runs evaluated), a markdown table of final means and the interactive page
+    (`write_html_report`) beside it; return the PNG's path and the table."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,7 +138,7 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
     runs = [r for r in find_runs(paths) if r.records]
     if not runs:
         raise ReportError("the runs have no logged steps yet")
-    panels = list(dict.fromkeys(c for r in runs for c in r.channels())) + ["total"]
+    panels = train_panels(runs)
     held_out = eval_panels(runs)
     cols = max(len(panels), len(held_out))
     fig, axes = plt.subplots(1 + bool(held_out), cols, figsize=(4.2 * cols, 3.4 * (1 + bool(held_out))),
@@ -157,32 +168,243 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
     plt.close(fig)
     table = final_table(runs, panels, last) + held_out_table(runs, held_out)
     png.with_suffix(".md").write_text(table + "\n")
+    write_html_report(runs, png.with_suffix(".html"), last, smooth)
     return png, table
 
 
-def _cells(values: list[float | None]) -> str:
-    return " | ".join("-" if v is None else f"{v:.3f}" for v in values)
+FINAL_CAPTION = "Final per-channel means (last {last} steps)"
+HELD_OUT_CAPTION = "Held-out at the last evaluation (greedy means; accuracy and pass@k where the task passes or fails)"
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def final_rows(runs: list[Run], panels: list[str], last: int) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the final-means table: a row per run, its last step and each panel's mean over `last`."""
+    rows = [[run.label, str(run.records[-1]["step"]), *(_cell(run.final_mean(f"reward/{c}/mean", last))
+                                                        for c in panels)] for run in runs]
+    return ["run", "steps", *panels], rows
+
+
+def held_out_rows(runs: list[Run], held_out: list[tuple[str, list[str]]]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the last held-out evaluation of each run that evaluated: its step and every eval/ key."""
+    keys = [k for _, ks in held_out for k in ks]
+    names = [k.removeprefix("eval/").removesuffix("/mean") for k in keys]
+    evaluated = [(run, run.last_eval()) for run in runs]
+    rows = [[run.label, str(record["step"]), *(_cell(record.get(k)) for k in keys)]
+            for run, record in evaluated if record is not None]
+    return ["run", "step", *names], rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def final_table(runs: list[Run], panels: list[str], last: int) -> str:
-    header = "| run | steps | " + " | ".join(panels) + " |"
-    rows = [header, "|" + "---|" * (len(panels) + 2)]
-    for run in runs:
-        cells = [run.final_mean(f"reward/{c}/mean", last) for c in panels]
-        rows.append(f"| {run.label} | {run.records[-1]['step']} | {_cells(cells)} |")
-    return f"Final per-channel means (last {last} steps)\n\n" + "\n".join(rows)
+    return FINAL_CAPTION.format(last=last) + "\n\n" + markdown_table(*final_rows(runs, panels, last))
 
 
 def held_out_table(runs: list[Run], held_out: list[tuple[str, list[str]]]) -> str:
-    """The last held-out evaluation of each run ("" when none evaluated): its step and every eval/ key."""
-    if not held_out:
-        return ""
-    keys = [k for _, ks in held_out for k in ks]
-    names = [k.removeprefix("eval/").removesuffix("/mean") for k in keys]
-    rows = ["| run | step | " + " | ".join(names) + " |", "|" + "---|" * (len(keys) + 2)]
+    """The held-out table after two blank lines, or "" when no run evaluated."""
+    return f"\n\n{HELD_OUT_CAPTION}\n\n" + markdown_table(*held_out_rows(runs, held_out)) if held_out else ""
+
+
+# ---- report.html ------------------------------------------------------------------------------------------------
+
+DASHES = ["solid", "dash", "dot", "dashdot", "longdash", "longdashdot"]  # the seeds of one algo
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{title}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+th {{ background: #f3f3f3; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+<p>{about}</p>
+<div style="min-width: {min_width}px">{figure}</div>
+{tables}
+<h2>Data</h2>
+<p>Every metric of every run, a CSV each: a row per logged record, <code>step</code> then every key the run logged
+(empty where a record did not log it).</p>
+<ul id="data">
+{links}
+</ul>
+</body>
+</html>
+"""
+
+
+def run_group(label: str) -> str:
+    """The algo of a run labelled `algo/seed<n>` (its colour in the page); a label without one is its own group."""
+    return label.split("/")[0]
+
+
+def distinct_labels(runs: list[Run]) -> list[str]:
+    """The runs' labels, a repeated one numbered (the same algo and seed from two sweeps): a label names one run."""
+    seen: dict[str, int] = {}
+    labels = []
     for run in runs:
-        record = run.last_eval()
-        if record is not None:
-            rows.append(f"| {run.label} | {record['step']} | {_cells([record.get(k) for k in keys])} |")
-    return "\n\nHeld-out at the last evaluation (greedy means; accuracy and pass@k where the task passes or " \
-        "fails)\n\n" + "\n".join(rows)
+        seen[run.label] = seen.get(run.label, 0) + 1
+        labels.append(run.label if seen[run.label] == 1 else f"{run.label} ({seen[run.label]})")
+    return labels
+
+
+def write_run_csvs(runs: list[Run], labels: list[str], data_dir: Path) -> list[Path]:
+    """A CSV per run in `data_dir`, named after its label (`grpo/seed0` -> grpo_seed0.csv); their paths."""
+    import csv
+    import json
+    import re
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    paths, taken = [], set()
+    for run, label in zip(runs, labels):
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
+        name = next(f"{stem}{n or ''}.csv" for n in range(len(runs) + 1) if f"{stem}{n or ''}.csv" not in taken)
+        taken.add(name)
+        with (data_dir / name).open("w", newline="") as file:
+            writer = csv.DictWriter(file, fieldnames=["step", *(k for k in run.keys() if k != "step")])
+            writer.writeheader()
+            for record in run.records:  # a list or a dict (none logged today) as JSON, not Python's repr
+                writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in record.items()})
+        paths.append(data_dir / name)
+    return paths
+
+
+def run_styles(labels: list[str]) -> dict[str, tuple[str, str]]:
+    """label -> (colour, dash): a colour per algo, in order of first appearance, and a dash per seed within it, so a
+    7-preset x 3-seed sweep reads as seven colours."""
+    from plotly.colors import qualitative
+
+    groups = list(dict.fromkeys(run_group(label) for label in labels))
+    styles, count = {}, {g: 0 for g in groups}
+    for label in labels:
+        group = run_group(label)
+        styles[label] = (qualitative.Plotly[groups.index(group) % len(qualitative.Plotly)],
+                         DASHES[count[group] % len(DASHES)])
+        count[group] += 1
+    return styles
+
+
+def train_traces(run: Run, label: str, key: str, smooth: int, style: tuple[str, str]) -> list:
+    """The smoothed curve (hover: step, run, smoothed and raw value) and, when smoothed, the raw one faint."""
+    import plotly.graph_objects as go
+
+    steps, values = series(run, key)
+    if not steps:
+        return []
+    colour, dash = style
+    hover = f"<b>{label}</b><br>step %{{x}}<br>{key}: %{{y:.4~g}}"
+    hover += f" (mean of {smooth})<br>raw: %{{customdata:.4~g}}<extra></extra>" if smooth > 1 else "<extra></extra>"
+    traces = [go.Scatter(x=steps, y=moving_average(values, smooth), customdata=values, mode="lines", name=label,
+                         legendgroup=label, line=dict(color=colour, dash=dash, width=1.6), hovertemplate=hover)]
+    if smooth > 1:
+        traces.append(go.Scatter(x=steps, y=values, mode="lines", name=label, legendgroup=label, opacity=0.25,
+                                 line=dict(color=colour, width=0.8), hoverinfo="skip"))
+    return traces
+
+
+def eval_traces(run: Run, label: str, keys: list[str], style: tuple[str, str]) -> list:
+    """Markers joined by lines, unsmoothed; a marker symbol per key when a panel has several (accuracy per
+    category, pass@k)."""
+    import plotly.graph_objects as go
+
+    traces = []
+    for i, key in enumerate(keys):
+        steps, values = series(run, key)
+        if steps:
+            traces.append(go.Scatter(
+                x=steps, y=values, mode="lines+markers", name=label, legendgroup=label,
+                line=dict(color=style[0], dash=style[1], width=1.4), marker=dict(symbol=i % 40, size=7),
+                hovertemplate=f"<b>{label}</b><br>step %{{x}}<br>{key}: %{{y:.4~g}}<extra></extra>"))
+    return traces
+
+
+def report_figure(runs: list[Run], labels: list[str], panels: list[str], held_out: list[tuple[str, list[str]]],
+                  smooth: int):
+    """One plotly figure: the training panels in a row, the held-out ones under them; a legend entry per run that
+    toggles the run in every panel (they share its legendgroup), and a menu showing one algo's runs."""
+    from plotly.subplots import make_subplots
+
+    cols = max(len(panels), len(held_out))
+    specs = [[{}] * len(panels) + [None] * (cols - len(panels))]
+    specs += [[{}] * len(held_out) + [None] * (cols - len(held_out))] if held_out else []
+    titles = [f"train: {c}" if held_out else c for c in panels] + [title for title, _ in held_out]
+    fig = make_subplots(rows=len(specs), cols=cols, specs=specs, subplot_titles=titles, horizontal_spacing=0.05,
+                        vertical_spacing=0.14)
+    styles = run_styles(labels)
+    for run, label in zip(runs, labels):
+        traces = [(t, 1, col) for col, c in enumerate(panels, 1)
+                  for t in train_traces(run, label, f"reward/{c}/mean", smooth, styles[label])]
+        traces += [(t, 2, col) for col, (_, keys) in enumerate(held_out, 1)
+                   for t in eval_traces(run, label, keys, styles[label])]
+        for i, (trace, row, col) in enumerate(traces):
+            trace.update(showlegend=i == 0, meta=run_group(label))
+            fig.add_trace(trace, row=row, col=col)
+    fig.update_xaxes(title_text="step", title_standoff=4)
+    fig.update_yaxes(title_text="mean reward", row=1, col=1)
+    if held_out:
+        fig.update_yaxes(title_text="held-out (greedy)", row=2, col=1)
+    fig.update_layout(height=390 * len(specs) + 70, margin=dict(l=60, r=20, t=70, b=50), hovermode="closest",
+                      template="plotly_white", legend=dict(title_text="run (click: hide/show, double-click: only)"),
+                      updatemenus=algo_menu(fig))
+    return fig
+
+
+def algo_menu(fig) -> list[dict]:
+    """A dropdown: all runs, or one algo's runs (the others stay in the legend, a click away); none for one algo."""
+    groups = list(dict.fromkeys(trace.meta for trace in fig.data))
+    if len(groups) < 2:
+        return []
+    buttons = [dict(label="all runs", method="restyle", args=[{"visible": True}])]
+    buttons += [dict(label=f"{g} only", method="restyle",
+                     args=[{"visible": [True if t.meta == g else "legendonly" for t in fig.data]}]) for g in groups]
+    return [dict(buttons=buttons, x=0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(b=36), showactive=True)]
+
+
+def html_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
+    from html import escape
+
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "\n".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<h2>{escape(caption)}</h2>\n<table>\n<tr>{head}</tr>\n{body}\n</table>"
+
+
+def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: int = 10,
+                      title: str = "mrl report") -> Path:
+    """Write one self-contained page to `out_path`: the report's panels as interactive plotly curves (plotly.js
+    inline, no CDN: it opens offline), its tables, and links to a CSV per run of every metric it logged, written to
+    `<out_path's stem>_data/` beside it. `runs` as `find_runs` returns them. Return `out_path`."""
+    from html import escape
+    from urllib.parse import quote
+
+    runs = [r for r in runs if r.records]
+    if not runs:
+        raise ReportError("the runs have no logged steps yet")
+    order = list(dict.fromkeys(run_group(r.label) for r in runs))  # a sweep's runs listed by algo, in the legend too
+    runs = sorted(runs, key=lambda r: order.index(run_group(r.label)))
+    labels, panels, held_out = distinct_labels(runs), train_panels(runs), eval_panels(runs)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    csvs = write_run_csvs(runs, labels, out_path.parent / f"{out_path.stem}_data")
+    figure = report_figure(runs, labels, panels, held_out, smooth).to_html(
+        full_html=False, include_plotlyjs=True, div_id="curves", config={"displaylogo": False, "responsive": True})
+    tables = html_table(FINAL_CAPTION.format(last=last), *final_rows(runs, panels, last))
+    if held_out:
+        tables += "\n" + html_table(HELD_OUT_CAPTION, *held_out_rows(runs, held_out))
+    links = "\n".join(f'<li><a href="{quote(path.relative_to(out_path.parent).as_posix())}">{escape(label)}</a> '
+                      f"<small>({escape(str(run.path))})</small></li>" for run, label, path in zip(runs, labels, csvs))
+    smoothing = f"a moving average over {smooth} steps, the raw values faint" if smooth > 1 else "raw values"
+    about = (f"{len(runs)} run{'s' * (len(runs) > 1)}. Training curves: {smoothing}; held-out: each point a mean "
+             "over the held-out prompts, unsmoothed. Hover a line for its step, run and value.")
+    cols = max(len(panels), len(held_out))
+    out_path.write_text(PAGE.format(title=escape(title), about=escape(about), min_width=300 * cols + 220,
+                                    figure=figure, tables=tables, links=links))
+    return out_path
