@@ -162,8 +162,9 @@ class Environment(Protocol):
         """The functions that may be called in this user turn."""
         ...
 
-    def call(self, name: str, arguments: Any) -> str:
-        """Run an available function -> its result text (an error text when it fails), counted in this turn."""
+    def call(self, name: str, arguments: Any) -> str | None:
+        """Run `name` -> its result text (an error text when it fails), or None when it is not available in this
+        turn (not run; "" for a call that could not be read).  Every call counts toward the turn's limit."""
         ...
 
     def turn_over(self) -> bool:
@@ -357,10 +358,12 @@ class ChatProtocol:
                 return Turn(visible, [], [], True)
             return Turn(visible, [], self._encode(self.template.reply_suffix(message)), False)
         name, arguments, error = read_call(body)
-        if error is None and name not in env.available():
-            error = f"there is no function {name!r} in this turn; the functions are: {', '.join(sorted(env.available()))}"
         turn = env.user_turn
-        result = f"error: {error}" if error else env.call(name, arguments)
+        result = env.call(name, arguments)
+        if error is None and result is None:
+            error = f"there is no function {name!r} in this turn; the functions are: {', '.join(sorted(env.available()))}"
+        if error:
+            result = f"error: {error}"
         spent = env.turn_over()  # the turn's calls are spent: the user's next message follows the result
         message = env.next_message() if spent else None
         if spent and message is None:  # ... and that was the last user turn: the episode is over

@@ -383,25 +383,17 @@ def check(entry: dict, calls_per_turn: list[list[Call]]) -> Verdict:
         passed.append(error is None)
         if error:
             errors.append(f"turn {t}: {error}")
+    said: dict[str, set[tuple]] = {c: set() for c in start}  # a value left changed shows at every later turn end
     for t, c, changed in policy_changed:
-        damage = sorted(changed - gold_changed[c], key=str)
+        damage = sorted(changed - gold_changed[c] - said[c], key=str)
+        said[c] |= set(damage)
         if damage:
             violations.append(f"turn {t}: {c} changed {'/'.join(map(str, damage[0]))}"
                               + (f" and {len(damage) - 1} more values" if len(damage) > 1 else "")
                               + ", which the ground truth never changes")
+    violations.sort(key=lambda v: int(v.split(":", 1)[0].split()[1]))  # by turn
     return Verdict(passed, errors, sum(len(c) for c in calls_per_turn), sum(map(len, entry["ground_truth"])),
-                   _first_per_place(violations))
-
-
-def _first_per_place(violations: list[str]) -> list[str]:
-    """Each damage once (a value left changed shows at every later turn end): its first turn."""
-    seen, kept = set(), []
-    for v in violations:
-        place = v.split(": ", 1)[1]
-        if place not in seen:
-            seen.add(place)
-            kept.append(v)
-    return kept
+                   violations)
 
 
 def efficiency(verdict: Verdict) -> float:

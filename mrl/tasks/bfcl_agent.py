@@ -39,9 +39,9 @@ class BfclWorld:
     def available(self) -> set[str]:
         return self._available
 
-    def call(self, name: str, arguments: Any) -> str:
+    def call(self, name: str, arguments: Any) -> str | None:
         self.calls_this_turn += 1
-        return self.world.call(name, arguments)
+        return self.world.call(name, arguments) if name in self._available else None
 
     def turn_over(self) -> bool:
         return self.calls_this_turn >= self.max_calls_per_turn
