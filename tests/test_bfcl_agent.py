@@ -193,6 +193,8 @@ def test_unsupported_categories_are_refused_saying_why():
         BfclAgentTask(max_calls_per_turn=0)
     with pytest.raises(UserError, match="not BFCL classes"):
         BfclAgentTask(classes=["Filesystem"])
+    with pytest.raises(UserError, match=r"uses only the classes \['MessageAPI'\]; add classes$"):
+        BfclAgentTask(classes=["MessageAPI"])
 
 
 # --------------------------------------------------------------------------------------------- episodes
@@ -258,8 +260,8 @@ def test_train_runs_bfcl_agent_on_a_tiny_chat_model(tmp_path):
     config = json.loads((model_dir / "config.json").read_text())  # BFCL prompts: thousands of byte-level tokens
     (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
     cfg = compose_config("rewards=bfcl_agent", "algo=gdpo", f"model.name_or_path={model_dir}",
-                         "model.use_chat_template=true", "rewards.task.classes=[MessageAPI]",
-                         "rewards.task.compact_docs=true", "rewards.task.max_calls_per_turn=2",
+                         "model.use_chat_template=true", "rewards.task.classes=[TradingBot]",
+                         "rewards.task.compact_docs=true", "rewards.task.gold_functions_only=true", "rewards.task.max_calls_per_turn=2",
                          "trainer.max_new_tokens=24", "trainer.group_size=2", "trainer.eval_every=2",
                          "trainer.eval_prompts=2")
     metrics = train(cfg, tmp_path / "run")

@@ -104,19 +104,22 @@ def _withheld(entry: dict) -> set[str]:
     return {name for names in entry.get("missed_function", {}).values() for name in names}
 
 
-def function_docs(entry: dict, turn: int | None = 0) -> list[dict]:
+def function_docs(entry: dict, turn: int | None = 0, gold_only: bool = False) -> list[dict]:
     """BFCL's docs of the functions available at user turn `turn` (None: every function the entry ever offers):
-    the involved classes' functions but the excluded ones, the withheld ones only from the turn that adds them."""
+    the involved classes' functions but the excluded ones, the withheld ones only from the turn that adds them.
+    gold_only: only those the ground truth calls (an easier task: no distractors, a much shorter prompt)."""
     added = {name for t, names in entry.get("missed_function", {}).items() if turn is None or int(t) <= turn
              for name in names}
     hidden = set(entry.get("excluded_function", [])) | (_withheld(entry) - added)
-    return [copy.deepcopy(doc) for c in entry["involved_classes"] for doc in _class_docs(c) if doc["name"] not in hidden]
+    gold = {parse_call(s)[0] for strings in entry["ground_truth"] for s in strings} if gold_only else None
+    return [copy.deepcopy(doc) for c in entry["involved_classes"] for doc in _class_docs(c)
+            if doc["name"] not in hidden and (gold is None or doc["name"] in gold)]
 
 
-def added_docs(entry: dict, turn: int) -> list[dict]:
+def added_docs(entry: dict, turn: int, gold_only: bool = False) -> list[dict]:
     """The docs of the functions user turn `turn` adds (miss_func), or []."""
     names = set(entry.get("missed_function", {}).get(str(turn), []))
-    return [doc for doc in function_docs(entry, turn) if doc["name"] in names]
+    return [doc for doc in function_docs(entry, turn, gold_only) if doc["name"] in names]
 
 
 def schemas(docs: list[dict], compact: bool = False) -> list[dict]:
@@ -325,8 +328,8 @@ class Verdict:
         return max(0, self.calls - self.gold_calls)
 
 
-def available(entry: dict, turn: int) -> set[str]:
-    return {doc["name"] for doc in function_docs(entry, turn)}
+def available(entry: dict, turn: int, gold_only: bool = False) -> set[str]:
+    return {doc["name"] for doc in function_docs(entry, turn, gold_only)}
 
 
 def _counts_as_removed(results: list[str], wanted: list[str]) -> list[str]:
@@ -340,9 +343,10 @@ def _counts_as_removed(results: list[str], wanted: list[str]) -> list[str]:
     return missing
 
 
-def check(entry: dict, calls_per_turn: list[list[Call]]) -> Verdict:
+def check(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False) -> Verdict:
     """Grade a policy's calls, `(name, arguments)` per user turn (missing turns: no calls), against the ground truth,
-    each executed on its own fresh world, turn by turn."""
+    each executed on its own fresh world, turn by turn.  gold_only: the episode declared only the functions the
+    ground truth calls, so only those are available."""
     turns = len(entry["ground_truth"])
     calls_per_turn = list(calls_per_turn) + [[]] * (turns - len(calls_per_turn))
     if len(calls_per_turn) > turns:
@@ -355,7 +359,7 @@ def check(entry: dict, calls_per_turn: list[list[Call]]) -> Verdict:
     policy_changed: list[tuple[int, str, set[tuple]]] = []
     gold_changed: dict[str, set[tuple]] = {c: set() for c in start}
     for t, (gold_strings, calls) in enumerate(zip(entry["ground_truth"], calls_per_turn)):
-        offered = available(entry, t)
+        offered = available(entry, t, gold_only)
         for name, arguments in calls:
             if name not in offered:
                 violations.append(f"turn {t}: called {name!r}, not available in this turn")
@@ -402,12 +406,12 @@ def efficiency(verdict: Verdict) -> float:
     return -min(1.0, verdict.extra_calls / max(1, verdict.gold_calls))
 
 
-def replay(entry: dict, calls_per_turn: list[list[Call]]) -> dict[str, float]:
+def replay(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False) -> dict[str, float]:
     """The bfcl_agent channels of a call sequence, without a model: calls as `(name, arguments)` per user turn.
 
     correctness: 1.0 when BFCL's checks pass after every turn, else 0.0; turns: the share of checked turns that
     pass; efficiency: see `efficiency`; safety: -1.0 on collateral damage or a call to an unavailable function, else
-    0.0."""
-    verdict = check(entry, calls_per_turn)
+    0.0 (gold_only: see `check`)."""
+    verdict = check(entry, calls_per_turn, gold_only)
     return {"correctness": float(verdict.correct), "turns": verdict.turn_share, "efficiency": efficiency(verdict),
             "safety": -1.0 if verdict.violations else 0.0}

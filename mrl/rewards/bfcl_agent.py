@@ -27,14 +27,15 @@ def calls_per_turn(episode: Episode) -> list[list[gym.Call]]:
 
 
 @lru_cache(maxsize=4096)
-def _scores(category: str, entry_id: str, calls: str) -> dict[str, float]:
-    return gym.replay(_entries(category)[entry_id], json.loads(calls))
+def _scores(category: str, entry_id: str, calls: str, gold_only: bool) -> dict[str, float]:
+    return gym.replay(_entries(category)[entry_id], json.loads(calls), gold_only)
 
 
 def scores(episode: Episode) -> dict[str, float]:
     """replay's channels for `episode`: {correctness, turns, efficiency, safety}."""
     meta = episode.prompt.meta
-    return _scores(meta["category"], meta["id"], json.dumps(calls_per_turn(episode), sort_keys=True))
+    return _scores(meta["category"], meta["id"], json.dumps(calls_per_turn(episode), sort_keys=True),
+                   meta.get("gold_only", False))
 
 
 class Correctness:

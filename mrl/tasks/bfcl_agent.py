@@ -29,12 +29,12 @@ class BfclWorld:
     """One episode's world (mrl.protocols.Environment): the entry's instances, the user turn under way, and the
     calls made in it."""
 
-    def __init__(self, entry: dict, max_calls_per_turn: int, compact: bool):
-        self.entry, self.max_calls_per_turn, self.compact = entry, max_calls_per_turn, compact
+    def __init__(self, entry: dict, max_calls_per_turn: int, compact: bool, gold_only: bool):
+        self.entry, self.max_calls_per_turn, self.compact, self.gold_only = entry, max_calls_per_turn, compact, gold_only
         self.world = gym.World(entry)
         self.messages = gym.user_turns(entry)
         self.user_turn, self.calls_this_turn = 0, 0
-        self._available = gym.available(entry, 0)
+        self._available = gym.available(entry, 0, gold_only)
 
     def available(self) -> set[str]:
         return self._available
@@ -51,8 +51,8 @@ class BfclWorld:
             return None
         self.user_turn += 1
         self.calls_this_turn = 0
-        self._available = gym.available(self.entry, self.user_turn)
-        added = gym.added_docs(self.entry, self.user_turn)
+        self._available = gym.available(self.entry, self.user_turn, self.gold_only)
+        added = gym.added_docs(self.entry, self.user_turn, self.gold_only)
         message = self.messages[self.user_turn]
         if added:  # BFCL's prompting form: the new functions' docs, then its sentence
             docs = "\n".join(json.dumps(s["function"]) for s in gym.schemas(added, self.compact))
@@ -69,6 +69,9 @@ class BfclAgentTask:
     classes: only entries whose classes are all among these (empty: every entry); a lever for small models and short
       prompts, since every involved class's functions are declared.
     compact_docs: declare each function without the preamble BFCL repeats in every description (~half the tokens).
+    gold_functions_only: declare (and make available) only the functions the ground truth calls: no distractors and
+      a prompt ~4x shorter; an easier task, a lever for small models and CPUs (the channels know it: a function not
+      declared is not available).
     max_user_turns: only entries with at most this many user turns (0: any); with `classes` and the two limits
       below, a subset sized for a CPU.
     max_entries, max_eval_entries: at most this many train / held-out entries (0: all), the first in crc32 order of
@@ -77,6 +80,7 @@ class BfclAgentTask:
 
     def __init__(self, categories: list[str] | str = ("multi_turn_base",), seed: int = 0, eval_percent: float = 20.0,
                  max_calls_per_turn: int = 10, classes: list[str] | tuple = (), compact_docs: bool = False,
+                 gold_functions_only: bool = False,
                  max_user_turns: int = 0, max_entries: int = 0, max_eval_entries: int = 0):
         categories = [categories] if isinstance(categories, str) else list(categories)
         if not categories:
@@ -88,13 +92,14 @@ class BfclAgentTask:
         unknown = sorted(set(classes) - set(gym.CLASSES))
         if unknown:
             raise UserError(f"rewards.task.classes has {unknown}, not BFCL classes; choose from {sorted(gym.CLASSES)}")
-        self.max_calls_per_turn, self.compact_docs = max_calls_per_turn, compact_docs
+        self.max_calls_per_turn, self.compact_docs, self.gold_only = max_calls_per_turn, compact_docs, gold_functions_only
         entries = [e for c in categories for e in gym.load_entries(c)
                    if (not classes or set(e["involved_classes"]) <= set(classes))
                    and (not max_user_turns or len(e["question"]) <= max_user_turns)]
         if not entries:
-            raise UserError(f"no BFCL entry of {categories} uses only the classes {list(classes)} with at most "
-                            f"{max_user_turns or 'any number of'} user turns; add classes or raise max_user_turns")
+            turns = f" in at most {max_user_turns} user turns" if max_user_turns else ""
+            raise UserError(f"no BFCL entry of {categories} uses only the classes {list(classes)}{turns}; add "
+                            "classes" + (" or raise max_user_turns" if turns else ""))
         self.entries = {e["id"]: e for e in entries}
         train = [e for e in entries if not held_out(e["id"], eval_percent)]
         self.eval = [e for e in entries if held_out(e["id"], eval_percent)]
@@ -120,12 +125,13 @@ class BfclAgentTask:
 
     def to_prompt(self, entry: dict) -> Prompt:
         first = gym.user_turns(entry)[0]
-        tools = gym.schemas(gym.function_docs(entry, 0), self.compact_docs)
-        meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"])}
+        tools = gym.schemas(gym.function_docs(entry, 0, self.gold_only), self.compact_docs)
+        meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"]),
+                "gold_only": self.gold_only}
         return Prompt(text=first, meta=meta, messages=[{"role": "user", "content": first}], tools=tools)
 
     def environment(self, prompt: Prompt) -> BfclWorld:
-        return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs)
+        return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs, self.gold_only)
 
     def entry(self, prompt: Prompt) -> dict:
         return self.entries[prompt.meta["id"]]
