@@ -19,6 +19,10 @@ import typer
 
 from mrl.distributed import exit_with_error  # imports no torch: the CLI starts fast
 
+# A run dir's .hydra/config.yaml names the code that builds its task and rewards (README: threat model).
+TRUST_HELP = ("Build the run's task and rewards even where its .hydra/config.yaml names a _target_ outside mrl "
+              "(code it runs): only for a run dir from a source you trust.")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Multi-reward RL for LLM agents: PPO, GRPO, DAPO and GDPO in one transparent loop.")
 
@@ -117,6 +121,10 @@ def report(
     the same as an interactive page (report.html) with a CSV per run of every metric."""
     from mrl.report import ReportError, make_report
 
+    for flag, value, default in (("--last", last, 10), ("--smooth", smooth, 10)):
+        if value < 1:
+            exit_with_error(f"{flag} {value}: give a number of steps of at least 1 ({flag} {default} by default; "
+                            "--smooth 1 plots the raw curve)")
     try:
         png, table = make_report(run_dirs, out, last, smooth)
     except ReportError as err:
@@ -138,6 +146,7 @@ def evaluate(
                                        "RUN_DIR, or a new dir under outputs/eval/ with --model)."),
     prompts: int = typer.Option(64, help="Held-out prompts to score."),
     samples: int = typer.Option(4, help="Sampled episodes per prompt, for pass@k (plus one greedy); 0: greedy only."),
+    trust_config: bool = typer.Option(False, "--trust-config", help=TRUST_HELP),
 ) -> None:
     """Score held-out prompts, greedy and sampled: per-channel means, and accuracy and pass@k where
     rewards.pass_channel is set.  `mrl eval RUN_DIR key=value ...`: the run's newest intact checkpoint.
@@ -151,7 +160,8 @@ def evaluate(
         if model is not None:
             report = evaluate_model(model, args, prompts, samples, out=out)
         elif args and "=" not in args[0]:
-            report = evaluate_run(Path(args[0]), prompts, samples, out=out, overrides=args[1:])
+            report = evaluate_run(Path(args[0]), prompts, samples, out=out, overrides=args[1:],
+                                  trust_config=trust_config)
         else:
             raise UserError(f"{' '.join(['mrl eval', *args])}: give a RUN_DIR (then key=value overrides, if any), or "
                             "--model DIR followed by config overrides (mrl eval --model models/smollm2-135m-instruct "
@@ -168,6 +178,7 @@ def export_cmd(
     run_dir: Path = typer.Argument(..., help="A run dir (its latest checkpoint) or a checkpoint dir."),
     merge: bool = typer.Option(False, "--merge", help="LoRA: merge the adapters into the base (a plain HF model)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output dir (default: RUN_DIR/export)."),
+    trust_config: bool = typer.Option(False, "--trust-config", help=TRUST_HELP),
 ) -> None:
     """Write the policy as a model dir: a full fine-tune's as is; a LoRA run's adapters, or with --merge the base
     with the adapters merged, in model.dtype, with the tokenizer (loads with AutoModelForCausalLM.from_pretrained)."""
@@ -175,7 +186,7 @@ def export_cmd(
     from mrl.export import export
 
     try:
-        path, what = export(run_dir, out, merge)
+        path, what = export(run_dir, out, merge, trust_config)
     except UserError as err:
         exit_with_error(str(err))
     print(f"mrl: wrote {what} to {path}")

@@ -191,6 +191,17 @@ def record_tools(value: Any, where: str) -> list[dict[str, Any]]:
     return declared
 
 
+def record_tests(value: Any, where: str) -> list:
+    """A code record's `tests`: a list of Python expressions (str) or {"stdin", "stdout"} runs.  A lone string is
+    refused rather than read as a list of its characters."""
+    if not isinstance(value, list) or not all(
+            isinstance(t, str) or (isinstance(t, dict) and set(t) == {"stdin", "stdout"}
+                                   and all(isinstance(v, str) for v in t.values())) for t in value):
+        raise UserError(f"{where}: `tests` must be a list of Python expressions or {{\"stdin\", \"stdout\"}} runs, "
+                        f"got {json.dumps(value)[:80]}; write e.g. \"tests\": [\"f(0) == 3\"]")
+    return value
+
+
 def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) -> list[Prompt]:
     """One Prompt per record: text from `schema.text_field` (or the last user turn of `messages`), `messages` and
     `tools` to the Prompt's own fields, every other field (renamed per `schema.rename`) to meta."""
@@ -211,6 +222,8 @@ def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) ->
         if not isinstance(text, str):
             raise UserError(f"record {i}: text field {schema.text_field!r} must be a string, got "
                             f"{type(text).__name__} {text!r:.80}")
+        if _present(record, "tests"):
+            record_tests(record["tests"], f"record {i}")
         meta: dict[str, Any] = {}
         for key, value in record.items():
             if key in (schema.text_field, "messages", "tools"):

@@ -31,7 +31,7 @@ from mrl.lora import load_for_inference
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
-from mrl.rundir import atomic_write_text, checkpoint_candidates, newest_intact
+from mrl.rundir import atomic_write_text, intact_checkpoint
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
 from mrl.validation import validate
 
@@ -204,30 +204,57 @@ def check_counts(prompts: int, samples: int) -> None:
 
 # ---- mrl eval ---------------------------------------------------------------------------------------------------
 
-def run_config(run_dir: Path):
+def run_config(run_dir: Path, trust_config: bool = False):
     """The config the run trained with: its `.hydra/config.yaml`, typed by the schemas.
 
     Not composed again from `.hydra/overrides.yaml`: the run may have used a `--config-dir` (or config files that
-    changed since), and config.yaml is what was composed then."""
+    changed since), and config.yaml is what was composed then.  A `_target_` in it is code that building the task
+    and the channels runs, so a run dir is as trusted as its config: one naming a `_target_` outside `mrl.` is
+    refused unless `trust_config` (`--trust-config`) says where the run dir came from is trusted."""
+    import yaml
+
     saved = run_dir / ".hydra" / "config.yaml"
-    if not saved.exists():
+    if not saved.is_file():
         raise UserError(f"{run_dir}: not a run dir (no .hydra/config.yaml); give the dir `mrl train` wrote")
-    return OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(saved))
+    try:
+        loaded = OmegaConf.load(saved)
+        cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), loaded)
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError, UnicodeDecodeError) as err:
+        reason = " ".join(str(err).split())[:160]
+        raise UserError(f"{saved} is not a config mrl can read ({type(err).__name__}: {reason}); restore the file "
+                        "`mrl train` wrote there, or score the checkpoint with --model DIR") from None
+    if not trust_config:
+        foreign = [t for t in _targets(OmegaConf.to_container(loaded, resolve=False)) if not (
+            isinstance(t, str) and t.startswith("mrl."))]
+        if foreign:
+            raise UserError(f"{saved} names _target_ {str(foreign[0])[:80]!r}, outside mrl: building the run's task "
+                            "and rewards would run it; pass --trust-config if you trust where this run dir came "
+                            "from")
+    return cfg
+
+
+def _targets(node: Any) -> Iterator[Any]:
+    """Every `_target_` value in a config container, at any depth."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "_target_":
+                yield value
+            else:
+                yield from _targets(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _targets(value)
 
 
 def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0, out: Path | None = None,
-             overrides: Sequence[str] = ()) -> dict[str, Any]:
+             overrides: Sequence[str] = (), trust_config: bool = False) -> dict[str, Any]:
     """`mrl eval RUN_DIR [key=value...]`: score the run's newest intact checkpoint on `num_prompts` held-out
     prompts, one greedy and `samples` sampled episodes each, with the run's config changed by `overrides` (plain
     keys, such as data.path=other.jsonl).  Writes eval.json and eval.jsonl to `out` (default: RUN_DIR); returns
     eval.json's content."""
     check_counts(num_prompts, samples)
-    cfg = with_overrides(run_config(run_dir), overrides)
-    if not checkpoint_candidates(run_dir):
-        raise UserError(f"{run_dir}: no checkpoint to evaluate (checkpoints/ holds none)")
-    checkpoint, damaged = newest_intact(run_dir)  # a damaged checkpoint is skipped, with a warning
-    if checkpoint is None:
-        raise UserError(f"{run_dir}: no intact checkpoint to evaluate: {damaged}")
+    cfg = with_overrides(run_config(run_dir, trust_config), overrides)
+    checkpoint = intact_checkpoint(run_dir, f"mrl eval {run_dir}")  # a damaged one is skipped, with a warning
     from mrl.loop import pick_device  # here, not above: mrl.loop imports this module for its train-time hook
 
     quiet_transformers()

@@ -12,36 +12,32 @@ import os
 import shutil
 from pathlib import Path
 
-from mrl.checkpoint import latest_checkpoint
 from mrl.config import UserError
 from mrl.evaluate import run_config
 from mrl.lora import is_adapter_dir, merged_policy
 from mrl.models import load_tokenizer, quiet_transformers
 from mrl.precision import DTYPES, save_model_dir
+from mrl.rundir import intact_checkpoint
 
 
-def find_checkpoint(source: Path) -> Path:
-    """`source` is a checkpoint dir (step_000050) or a run dir (its latest checkpoint)."""
-    if (source / "state.json").exists():
-        return source
-    found = latest_checkpoint(source) if source.is_dir() else None
-    if found is None:
-        raise UserError(f"{source}: neither a checkpoint nor a run dir with checkpoints (checkpoints/latest)")
-    return found
-
-
-def export(source: Path, out: Path | None = None, merge: bool = False) -> tuple[Path, str]:
-    """Write `source`'s policy to `out` (default RUN_DIR/export).  Returns (out, what was written)."""
-    checkpoint = find_checkpoint(source)
+def export(source: Path, out: Path | None = None, merge: bool = False,
+           trust_config: bool = False) -> tuple[Path, str]:
+    """Write `source`'s policy to `out` (default RUN_DIR/export).  Returns (out, what was written).  `source` is a
+    checkpoint dir, which must match its checksums, or a run dir: its newest intact checkpoint, as a resume picks."""
+    checkpoint = intact_checkpoint(source, f"mrl export {source}")
     run_dir = checkpoint.parent.parent
     out = out if out is not None else run_dir / "export"
+    if out.is_symlink():
+        raise UserError(f"--out {out} is a symlink: give a real directory (or a new path) to write the model to")
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--out {out} exists and is not empty: give another --out or remove it")
     policy = checkpoint / "policy"
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    if tmp.is_symlink():
+        tmp.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     if is_adapter_dir(policy) and merge:
-        cfg = run_config(run_dir).model
+        cfg = run_config(run_dir, trust_config).model
         quiet_transformers()
         model = merged_policy(checkpoint, cfg)
         save_model_dir(model, tmp, model.state_dict(), DTYPES[cfg.dtype])

@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mrl.config import UserError
+from mrl.rundir import warn
 from mrl.tracking import METRICS_FILE, read_metrics
 
 
@@ -68,8 +69,12 @@ def run_label(run_dir: Path) -> str:
     config = run_dir / ".hydra" / "config.yaml"
     if not config.exists():
         return run_dir.name
-    cfg = OmegaConf.load(config)
-    return f"{cfg.algo.name}/seed{cfg.trainer.seed}"
+    try:
+        cfg = OmegaConf.load(config)
+        return f"{cfg.algo.name}/seed{cfg.trainer.seed}"
+    except Exception as err:  # a damaged config.yaml (YAML, types, missing keys): the curves still plot
+        warn(f"{config} is unreadable ({type(err).__name__}): {run_dir} is labelled by its name")
+        return run_dir.name
 
 
 def moving_average(values: list[float], window: int) -> list[float]:

@@ -11,6 +11,10 @@
 - SIGTERM (what Slurm and Kubernetes send) and SIGINT stop the loop the same way (`StopSignals`): the last completed
   step is checkpointed and the process exits with 128 + the signal's number.
 
+- A run dir cannot be pointed elsewhere: `checkpoints/latest` must name a `step_N` dir of this run dir's
+  checkpoints/, no checkpoint, and no file a manifest lists, may be a symlink or leave the checkpoint, and the lock,
+  metrics, eval and export files are opened without following a symlink (O_NOFOLLOW): each is refused in one line.
+
 This module reads and writes files only; it imports neither torch nor the trainer, so `mrl train` refuses a start in
 about a second.
 """
@@ -59,10 +63,27 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """os.open that refuses, in one line, a symlink where a run dir's file should be: a link planted at .mrl.lock or
+    eval.json would have mrl truncate or overwrite whatever it points at."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise UserError(f"{path} is a symlink, and mrl writes a run dir's files only in place: remove it "
+                            f"(rm {path}) or use another dir") from None
+        raise
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text`, all or nothing, even across a power cut: write a temp file, fsync, rename."""
+    """Replace `path` with `text`, all or nothing, even across a power cut: write a temp file, fsync, rename.  A
+    symlink at `path` is refused (renaming over it would leave its target alone, but say nothing)."""
+    if path.is_symlink():
+        open_nofollow(path, os.O_RDONLY)  # raises the one-line refusal
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as file:
+    if tmp.is_symlink():  # left there to redirect this write: the link goes, its target is not touched
+        tmp.unlink()
+    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as file:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
@@ -83,12 +104,20 @@ class RunDirLock:
         self.run_dir = Path(run_dir)
 
     def acquire(self) -> RunDirLock:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.key = self.run_dir.resolve()
-        if self.key in _HELD:
-            _HELD[self.key][1] += 1
-            return self
-        fd = os.open(self.key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise UserError(f"the run dir {self.run_dir} is a file, not a directory: give hydra.run.dir a directory "
+                            "(a new path, or a run dir `mrl train` wrote)")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.key = self.run_dir.resolve()
+            if self.key in _HELD:
+                _HELD[self.key][1] += 1
+                return self
+            _probe_writable(self.key)
+            fd = open_nofollow(self.key / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # not inherited by child processes
+        except OSError as err:
+            raise UserError(f"cannot write in the run dir {self.run_dir} ({err.strerror}): give hydra.run.dir a "
+                            "writable directory on a local disk") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -119,6 +148,14 @@ class RunDirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _probe_writable(run_dir: Path) -> None:
+    """Raise OSError unless a file can be created in `run_dir` (a read-only mount or dir refuses it; root's own
+    permission checks pass, a read-only filesystem's do not)."""
+    probe = run_dir / f".mrl.probe{os.getpid()}"
+    os.close(open_nofollow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    os.unlink(probe)
 
 
 # ---- checkpoint manifests --------------------------------------------------------------------------------------
@@ -154,6 +191,9 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     Hashing a large checkpoint takes seconds, so a result is kept while no file's size or mtime changes."""
     if not checkpoint.is_dir():
         return "missing"
+    links = [p for p in [checkpoint, *checkpoint.rglob("*")] if p.is_symlink()]
+    if links:
+        return f"{links[0].relative_to(checkpoint.parent)} is a symlink (a checkpoint holds its own files)"
     stamp = tuple((str(p), stat.st_size, stat.st_mtime_ns)
                   for p in sorted(checkpoint.rglob("*")) for stat in [p.stat()])
     cached = _CHECKED.get(checkpoint)
@@ -168,12 +208,19 @@ def _verify(checkpoint: Path) -> str | None:
     if not (checkpoint / MANIFEST).exists():
         return f"no {MANIFEST} (written by an mrl older than checksums, or not a checkpoint)"
     try:
-        files = json.loads((checkpoint / MANIFEST).read_text())["files"]
+        manifest = json.loads((checkpoint / MANIFEST).read_text())
+        files = manifest["files"]
     except (ValueError, KeyError, TypeError) as err:
         return f"{MANIFEST} is unreadable ({type(err).__name__})"
+    if not (isinstance(files, dict) and isinstance(manifest.get("run", {}), dict) and all(
+            isinstance(e, dict) and type(e.get("bytes")) is int and type(e.get("sha256")) is str
+            for e in files.values())):
+        return f"{MANIFEST} has wrong types (files: {{name: {{bytes: int, sha256: str}}}}, run: a mapping)"
     if STATE_FILE not in files:
         return f"{MANIFEST} lists no {STATE_FILE}"
     for name, entry in files.items():
+        if name.startswith("/") or ".." in Path(name).parts:
+            return f"{MANIFEST} lists {name!r}, outside the checkpoint"
         path = checkpoint / name
         if not path.is_file():
             return f"{name} is missing"
@@ -190,10 +237,28 @@ def step_of(checkpoint: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def checkpoints_dir(run_dir: Path) -> Path:
+    """run_dir/checkpoints, refused in one line when it is a symlink: a run's checkpoints are its own."""
+    root = run_dir / CHECKPOINTS
+    if root.is_symlink():
+        raise UserError(f"{root} is a symlink (to {os.readlink(root)}): a run dir's checkpoints must be its own; "
+                        "replace the link with the directory, or resume from that run dir itself")
+    return root
+
+
 def _named_by_latest(run_dir: Path) -> Path | None:
-    """The checkpoint dir `checkpoints/latest` names (it may be missing), or None without the pointer."""
-    pointer = run_dir / CHECKPOINTS / LATEST
-    return run_dir / CHECKPOINTS / pointer.read_text(errors="replace").strip() if pointer.is_file() else None
+    """The checkpoint dir `checkpoints/latest` names (it may be missing), or None without the pointer.  It must name
+    a step_N dir of this run dir's checkpoints/: a pointer edited to lead elsewhere is refused in one line."""
+    pointer = checkpoints_dir(run_dir) / LATEST
+    if not pointer.exists() and not pointer.is_symlink():
+        return None
+    with os.fdopen(open_nofollow(pointer, os.O_RDONLY), "rb") as file:
+        name = file.read(256).decode(errors="replace").strip()
+    if not re.fullmatch(r"step_\d+", name) or (pointer.parent / name).is_symlink():
+        raise UserError(f"{pointer} names {name[:80]!r}, not a checkpoint of this run dir (a step_N dir in "
+                        f"{pointer.parent}, not a link): write the name of one of them there, e.g. "
+                        f"`echo step_000002 > {pointer}`")
+    return pointer.parent / name
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -206,7 +271,7 @@ def checkpoint_candidates(run_dir: Path) -> list[Path]:
     """The checkpoints a resume may use, newest first: the one `latest` names, then the older ones.  Checkpoints newer
     than `latest` belong to a trajectory that a resume from an earlier step abandoned; temp dirs (.step_*) are partial
     writes."""
-    saved = sorted((p for p in (run_dir / CHECKPOINTS).glob("step_*") if p.is_dir() and step_of(p) is not None),
+    saved = sorted((p for p in checkpoints_dir(run_dir).glob("step_*") if p.is_dir() and step_of(p) is not None),
                    key=step_of, reverse=True)
     named = _named_by_latest(run_dir)
     newest = step_of(named) if named is not None else None
@@ -228,21 +293,31 @@ def resolve_resume(resume: Any, run_dir: Path) -> Path | None:
                 "hydra.run.dir=<its run dir> or give trainer.resume=<checkpoint or run dir>"
             )
     else:
-        path = Path(str(resume)).expanduser()
-        if (path / STATE_FILE).exists() or (path / MANIFEST).exists():
-            problem = checkpoint_problem(path)
-            if problem is not None:
-                raise UserError(f"trainer.resume={resume!r}: this checkpoint cannot be used: {problem}; give its run "
-                                "dir instead to resume from the newest intact checkpoint there")
-            return path
-        if not path.is_dir() or not checkpoint_candidates(path):
-            raise UserError(f"trainer.resume={resume!r}: neither a checkpoint nor a run dir with checkpoints")
-        source = path
+        return intact_checkpoint(Path(str(resume)).expanduser(), f"trainer.resume={resume!r}")
     checkpoint, damaged = newest_intact(source)
     if checkpoint is not None:
         return checkpoint
     raise UserError(f"trainer.resume: no intact checkpoint in {source / CHECKPOINTS}: {damaged}; train from scratch in "
                     "another hydra.run.dir")
+
+
+def intact_checkpoint(path: Path, what: str) -> Path:
+    """The checkpoint `path` names: itself when it is a checkpoint dir, which must then be intact, or a run dir's
+    newest intact one (a damaged one skipped with a warning).  What resume, `mrl eval` and `mrl export` use;
+    `what` is how the user gave it (trainer.resume=..., mrl export DIR) for the one-line refusal."""
+    if (path / STATE_FILE).exists() or (path / MANIFEST).exists():
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise UserError(f"{what}: this checkpoint cannot be used: {problem}; give its run dir instead to use "
+                            "the newest intact checkpoint there")
+        return path
+    if not path.is_dir() or not checkpoint_candidates(path):
+        raise UserError(f"{what}: neither a checkpoint nor a run dir with checkpoints (no checkpoint in "
+                        f"{path / CHECKPOINTS})")
+    checkpoint, damaged = newest_intact(path)
+    if checkpoint is None:
+        raise UserError(f"{what}: no intact checkpoint in {path / CHECKPOINTS}: {damaged}")
+    return checkpoint
 
 
 def newest_intact(run_dir: Path) -> tuple[Path | None, str]:
@@ -276,15 +351,25 @@ def run_identity(cfg) -> dict[str, Any]:
     def plain(value):
         return value.value if isinstance(value, Enum) else value
 
+    model = cfg.model
+    shape = {"model.name_or_path": model.name_or_path, "model.lora.r": model.lora.r,
+             "model.lora.target_modules": plain_data(model.lora.target_modules)}
+    if model.get("tiny") is not None:  # the built-in model's architecture and vocabulary are these keys
+        shape.update({f"model.tiny.{k}": v for k, v in model.tiny.items() if k != "init_seed"})
     return {
         "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage), "algo.critic": plain(cfg.algo.critic),
-        "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels),
+        "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels), **shape,
         "world_size": dist.world_size(),
     }
 
 
+def plain_data(value: Any) -> Any:
+    """A config value as JSON data (a ListConfig as a list)."""
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+
 def check_compatible(checkpoint: Path, cfg) -> None:
-    recorded = json.loads((checkpoint / MANIFEST).read_text()).get("run") or {}
+    recorded = json.loads((checkpoint / MANIFEST).read_text()).get("run") or {}  # a mapping: _verify
     current = run_identity(cfg)
     saved_on, runs_on = recorded.get("world_size", 1), current.pop("world_size")
     if saved_on != runs_on:
@@ -299,8 +384,8 @@ def check_compatible(checkpoint: Path, cfg) -> None:
             return ", ".join(f"{k}={_yaml(values[k])}" for k in differ)
 
         raise UserError(f"trainer.resume: {checkpoint} was trained with {show(recorded)}; this run has "
-                        f"{show(current)}. Resume with the checkpoint's algo and rewards, or train from scratch in "
-                        "another hydra.run.dir")
+                        f"{show(current)}. Resume with the checkpoint's algo, rewards and model, or train from "
+                        "scratch in another hydra.run.dir")
 
 
 def _yaml(value: Any) -> str:

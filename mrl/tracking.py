@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mrl.config import UserError
-from mrl.rundir import METRICS_FILE, atomic_write_text, warn
+from mrl.rundir import METRICS_FILE, atomic_write_text, open_nofollow, warn
 
 SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.episode.sample_records)
 
@@ -31,13 +31,31 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     records = []
     for n, line in lines:
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError as err:
             if n != lines[-1][0]:
                 raise UserError(f"{path}:{n}: not a JSON record ({err}); only a last line cut mid-write is "
                                 "skipped") from None
             warn(f"{path}: dropped its last line (line {n}, {len(line)} bytes), cut short mid-write")
+            continue
+        if problem := _record_problem(record):
+            raise UserError(f"{path}:{n}: {problem}; each line is one step's record as mrl writes it, e.g. "
+                            '{"step": 1, "reward/format/mean": 0.5}: fix or delete that line')
+        records.append(record)
     return records
+
+
+def _record_problem(record: Any) -> str | None:
+    """Why a parsed line is not a metrics record (an object with an int step and numbers or nulls for its metric
+    keys), or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not an object"
+    if type(record.get("step")) is not int:
+        return f"its step is {json.dumps(record.get('step'))[:40]}, not an int"
+    for key, value in record.items():
+        if "/" in key and value is not None and type(value) not in (int, float):
+            return f"{key} is {json.dumps(value)[:40]}, not a number or null"
+    return None
 
 
 class MetricsFile:
@@ -48,7 +66,7 @@ class MetricsFile:
         if resume_step is not None:
             kept = [r for r in read_metrics(previous or self.path) if r["step"] <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        self.file = open(self.path, "a")
+        self.file = os.fdopen(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
 
     def log(self, metrics: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
@@ -60,7 +78,7 @@ class MetricsFile:
 
 
 def write_samples(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    with open(run_dir / SAMPLES_FILE, "a") as f:
+    with os.fdopen(open_nofollow(run_dir / SAMPLES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 

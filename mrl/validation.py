@@ -10,6 +10,7 @@ what is allowed, and the fix.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,10 +244,51 @@ def _check_inputs(cfg: DictConfig) -> None:
     from mrl.data import dataset_file
     from mrl.models import BUILTIN_TINY, resolve_model_path
 
+    path = None
     if cfg.model.name_or_path != BUILTIN_TINY:  # the tiny model is built on first use: nothing to check yet
-        resolve_model_path(cfg.model)
+        path = resolve_model_path(cfg.model)
+    context = context_length(cfg.model, path)
+    if context is not None and cfg.trainer.max_new_tokens > context:
+        raise UserError(f"trainer.max_new_tokens={cfg.trainer.max_new_tokens} is more than the model's context of "
+                        f"{context} tokens (max_position_embeddings): give at most {context}")
     if cfg.data.path:
         dataset_file(cfg.data.path)
+        _check_dataset(cfg, context)
+
+
+# A token of a BPE vocabulary rarely spans more characters than this: a longer prompt cannot fit the context.
+CHARS_PER_TOKEN = 16
+
+
+def context_length(model: DictConfig, path: str | None) -> int | None:
+    """The model's context in tokens (max_position_embeddings of the tiny spec or of a local config.json), or None
+    where it cannot be read without loading the model (a hub id)."""
+    if path is None:
+        return int(model.tiny.max_position_embeddings) if model.get("tiny") is not None else None
+    config = Path(path) / "config.json"
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value > 0 else None
+
+
+def _check_dataset(cfg: DictConfig, context: int | None) -> None:
+    """Read the dataset as the run will, before Hydra creates the run dir: an empty file, a record without its
+    prompt, or a prompt no context can hold is refused here, with nothing written."""
+    from mrl.data import DatasetTask
+
+    task = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
+                       text_field=cfg.data.text_field)
+    if context is None:
+        return
+    limit = context * CHARS_PER_TOKEN
+    for prompt in [*task.train, *task.eval]:
+        chars = len(prompt.text) + sum(len(str(m.get("content") or "")) for m in prompt.messages or ())
+        if chars > limit:
+            raise UserError(f"dataset {cfg.data.path!r}: a prompt of {chars} characters ({prompt.text[:40]!r}...) "
+                            f"cannot fit the model's context of {context} tokens (at most ~{limit} characters): "
+                            "shorten it or drop the record")
 
 
 def _check_lora(cfg: DictConfig) -> None:

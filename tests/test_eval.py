@@ -136,7 +136,7 @@ def test_eval_with_every_checkpoint_damaged(trained_run, tmp_path):
     for weights in (run / "checkpoints").rglob("*.safetensors"):
         weights.write_bytes(b"")
     line = one_line_error(mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path))
-    assert "no intact checkpoint to evaluate" in line and "step_000003" in line
+    assert "no intact checkpoint in" in line and "step_000003" in line
     assert not (run / "eval.json").exists()
 
 

@@ -113,5 +113,7 @@ def _without_stub(prefix: str, entry_point: str) -> str:
 
 
 def is_empty(episode: Episode) -> bool:
-    """True when the completion holds no code: nothing but whitespace, or an empty Markdown fence."""
-    return not unfence(episode.completion).strip()
+    """True when the completion holds no code: nothing but whitespace and comments, or an empty Markdown fence (a
+    comment-only body runs as `return` alone, bug-free: it must not earn the bug ratio that an honest program does)."""
+    code = unfence(episode.completion)
+    return not any(line.strip() and not line.strip().startswith("#") for line in code.splitlines())

@@ -1,0 +1,255 @@
+"""Issue 22: run dirs that cannot be pointed elsewhere, checkpoints verified wherever they are read, and bad inputs
+refused in one line before anything is written.  Checkpoints here are sealed by hand (no training): what is tested
+is what reads them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+from typer.testing import CliRunner
+
+from mrl.cli import app
+from mrl.config import UserError
+from mrl.episode import Episode, Prompt
+from mrl.evaluate import check_counts, run_config
+from mrl.export import export
+from mrl.rundir import (
+    LATEST,
+    LOCK_FILE,
+    MANIFEST,
+    RunDirLock,
+    atomic_write_text,
+    check_compatible,
+    checkpoint_problem,
+    resolve_resume,
+    run_identity,
+    seal_checkpoint,
+)
+from mrl.tasks.code import is_empty
+from mrl.tracking import MetricsFile, read_metrics
+from mrl.validation import validate
+
+MRL = [sys.executable, "-m", "mrl"]
+
+
+def _checkpoint(run: Path, step: int, identity: dict | None = None) -> Path:
+    path = run / "checkpoints" / f"step_{step:06d}"
+    (path / "policy").mkdir(parents=True)
+    (path / "state.json").write_text(json.dumps({"step": step, "prompt_position": 0}))
+    (path / "policy" / "config.json").write_text("{}")
+    seal_checkpoint(path, identity or {})
+    (run / "checkpoints" / LATEST).write_text(path.name)
+    return path
+
+
+def _one_line(err: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(err.value), str(err.value)
+    return str(err.value)
+
+
+# ---- checkpoints/latest and every checkpoint path stay inside the run dir ------------------------------------------
+
+def test_latest_naming_another_run_is_refused(tmp_path):
+    other = tmp_path / "other"
+    _checkpoint(other, 2)
+    run = tmp_path / "run"
+    _checkpoint(run, 1)
+    (run / "checkpoints" / LATEST).write_text("../../other/checkpoints/step_000002")
+    with pytest.raises(UserError) as err:
+        resolve_resume(True, run)
+    assert "not a checkpoint of this run dir" in _one_line(err)
+    # A step dir that is a link to another run's checkpoint is no checkpoint of this one.
+    (run / "checkpoints" / LATEST).write_text("step_000001")
+    os.symlink(other / "checkpoints" / "step_000002", run / "checkpoints" / "step_000003")
+    assert resolve_resume(True, run).name == "step_000001"
+    (run / "checkpoints" / LATEST).write_text("step_000003")
+    with pytest.raises(UserError):
+        resolve_resume(True, run)
+
+
+def test_a_checkpoints_dir_that_is_a_link_is_refused(tmp_path):
+    other = tmp_path / "other"
+    _checkpoint(other, 2)
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(other / "checkpoints", run / "checkpoints")
+    with pytest.raises(UserError) as err:
+        resolve_resume(True, run)
+    assert "is a symlink" in _one_line(err)
+
+
+def test_manifests_with_wrong_types_links_or_escapes_fall_back_to_the_intact_previous(tmp_path):
+    run = tmp_path / "run"
+    older = _checkpoint(run, 1)
+    newest = _checkpoint(run, 2)
+    manifest = json.loads((newest / MANIFEST).read_text())
+    for files, why in [({"state.json": {"bytes": "12", "sha256": 1}}, "wrong types"),
+                       (["state.json"], "wrong types"),
+                       ({**manifest["files"], "../../x": {"bytes": 1, "sha256": "0"}}, "outside the checkpoint")]:
+        (newest / MANIFEST).write_text(json.dumps({**manifest, "files": files}))
+        assert why in checkpoint_problem(newest)
+        assert resolve_resume(True, run) == older  # with a warning naming the skipped one
+    (newest / MANIFEST).write_text(json.dumps({**manifest, "run": ["algo"]}))
+    assert "wrong types" in checkpoint_problem(newest)
+    (newest / MANIFEST).write_text(json.dumps(manifest))
+    os.symlink("/etc/hostname", newest / "policy" / "extra")
+    assert "symlink" in checkpoint_problem(newest)
+
+
+def test_a_resume_with_another_model_shape_is_refused_naming_it(tmp_path):
+    cfg = compose_config()
+    checkpoint = _checkpoint(tmp_path / "run", 1, run_identity(cfg))
+    check_compatible(checkpoint, cfg)
+    for override, key in [("model.tiny.hidden_size=32", "model.tiny.hidden_size"),
+                          ("model.tiny.vocab_size=40", "model.tiny.vocab_size"), ("model.lora.r=4", "model.lora.r")]:
+        with pytest.raises(UserError) as err:
+            check_compatible(checkpoint, compose_config(override))
+        assert f"{key}=" in _one_line(err) and "model" in str(err.value)
+
+
+# ---- files of a run dir are not followed through symlinks ---------------------------------------------------------
+
+def test_lock_metrics_eval_files_refuse_symlinks(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(target, run / LOCK_FILE)
+    with pytest.raises(UserError) as err:
+        RunDirLock(run).acquire()
+    assert "is a symlink" in _one_line(err)
+    os.symlink(target, run / "metrics.jsonl")
+    with pytest.raises(UserError):
+        MetricsFile(run)
+    os.symlink(target, run / "eval.json")
+    with pytest.raises(UserError):
+        atomic_write_text(run / "eval.json", "{}")
+    os.symlink(target, run / f".eval.jsonl.tmp{os.getpid()}")  # a planted temp name: the link goes, not its target
+    atomic_write_text(run / "eval.jsonl", "{}\n")
+    assert target.read_text() == "keep" and (run / "eval.jsonl").read_text() == "{}\n"
+
+
+def test_export_verifies_checksums_and_refuses_links(tmp_path):
+    run = tmp_path / "run"
+    older = _checkpoint(run, 1)
+    newest = _checkpoint(run, 2)
+    (newest / "policy" / "config.json").write_text("[]")  # same size, another sha256
+    with pytest.raises(UserError) as err:
+        export(newest, tmp_path / "out")
+    assert "sha256" in _one_line(err)
+    out, what = export(run, tmp_path / "out")  # the run dir: the newest intact checkpoint, as a resume picks
+    assert older.name in what and (out / "config.json").read_text() == "{}"
+    os.symlink(tmp_path / "elsewhere", tmp_path / "link")
+    with pytest.raises(UserError) as err:
+        export(run, tmp_path / "link")
+    assert "symlink" in _one_line(err)
+
+
+# ---- a run dir is as trusted as its config ------------------------------------------------------------------------
+
+def _saved_config(run: Path, text: str) -> None:
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run / ".hydra" / "config.yaml").write_text(text)
+
+
+def test_run_config_broken_or_foreign_targets(tmp_path):
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    for broken in ["algo: [unclosed", "- a list\n", "trainer:\n  seed: not-a-number\n"]:
+        _saved_config(run, broken)
+        with pytest.raises(UserError) as err:
+            run_config(run)
+        assert "config.yaml is not a config mrl can read" in _one_line(err)
+    cfg = compose_config()
+    cfg.rewards.task._target_ = "builtins.open"
+    _saved_config(run, OmegaConf.to_yaml(cfg))
+    with pytest.raises(UserError) as err:
+        run_config(run)
+    assert "'builtins.open'" in _one_line(err) and "--trust-config" in str(err.value)
+    assert run_config(run, trust_config=True).rewards.task._target_ == "builtins.open"
+    _saved_config(run, OmegaConf.to_yaml(compose_config()))
+    assert run_config(run).rewards.name == cfg.rewards.name
+
+
+# ---- bad inputs: one line, non-zero, nothing written --------------------------------------------------------------
+
+@pytest.mark.parametrize("line,why", [
+    ('[1, 2]', "not an object"), ('{"step": "3"}', "not an int"), ('{"step": 1, "reward/a/mean": "x"}', "not a number"),
+])
+def test_metrics_lines_of_wrong_shape_name_the_line(tmp_path, line, why):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n' + line + "\n" + '{"step": 2}\n')
+    with pytest.raises(UserError) as err:
+        read_metrics(path)
+    assert f"{path}:2: " in _one_line(err) and why in str(err.value)
+
+
+@pytest.mark.parametrize("args", [["--smooth", "0"], ["--last", "0"]])
+def test_report_refuses_zero_windows(tmp_path, args):
+    result = CliRunner().invoke(app, ["report", str(tmp_path), *args])
+    assert result.exit_code == 2 and "at least 1" in result.output and not list(tmp_path.iterdir())
+
+
+def test_eval_refuses_zero_prompts():
+    with pytest.raises(UserError) as err:
+        check_counts(0, 4)
+    assert "--prompts 0" in _one_line(err)
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_a_run_dir_on_a_file_or_unwritable_place_is_one_line(tmp_path, where):
+    path = {"file": tmp_path / "a_file", "proc": Path("/proc/self/mrl_run")}[where]
+    if where == "file":
+        path.write_text("x")
+    with pytest.raises(UserError) as err:
+        RunDirLock(path).acquire()
+    assert str(path) in _one_line(err)
+
+
+def _dataset(tmp_path: Path, lines: list) -> str:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("records,why", [
+    ([], "no train prompts"),
+    ([{"question": "2+2"}], "missing the text field 'prompt'"),
+    ([{"prompt": "f?", "tests": "f(0) == 3"}], "`tests` must be a list"),
+    ([{"prompt": "x" * 200_000}], "cannot fit the model's context"),
+])
+def test_dataset_errors_are_found_by_the_preflight(tmp_path, records, why):
+    cfg = compose_config(f"data.path={_dataset(tmp_path, records * 3)}", "data.eval_fraction=0")
+    with pytest.raises(UserError) as err:
+        validate(cfg)
+    assert why in _one_line(err)
+
+
+def test_max_new_tokens_is_bounded_by_the_context():
+    with pytest.raises(UserError) as err:
+        validate(compose_config("trainer.max_new_tokens=1000000000"))
+    assert "context of 64 tokens" in _one_line(err)
+
+
+def test_a_data_error_leaves_no_run_dir(tmp_path):
+    run = tmp_path / "run"
+    result = subprocess.run([*MRL, "train", f"data.path={_dataset(tmp_path, [])}", f"hydra.run.dir={run}",
+                             "logger=none"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "no train prompts" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
+def test_a_comment_only_completion_is_empty():
+    def episode(completion: str) -> Episode:
+        return Episode(prompt=Prompt("x"), completion=completion, completion_ids=[], num_tokens=1, truncated=False,
+                       max_new_tokens=4)
+
+    assert is_empty(episode("# TODO\n   # later\n")) and is_empty(episode("```python\n# nothing\n```"))
+    assert not is_empty(episode("x + 3  # the answer"))
