@@ -530,6 +530,16 @@ def test_efficiency_charges_a_tool_result_at_most_max_call_tokens():
     assert Efficiency(max_call_tokens=5)(agent_episode("", calls=(CALC_7,))) == -6.0  # calc: 1 + 5, as read
 
 
+def test_reward_set_live_uses_the_advantage_weights_and_leaves_out_shaping():
+    # correctness constant, safety varies (an enforced constraint: weight 0), overlong varies (shaping): dead.
+    rs = RewardSet([ChannelSpec("correctness", None, 1.0), ChannelSpec("safety", None, 1.0, enforce="veto",
+                                                                      kind="constraint"),
+                    ChannelSpec("overlong", None, 1.0, shaping=True)])
+    r = torch.tensor([[[1.0, -1.0, 0.0], [1.0, 0.0, -0.5]], [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert rs.live(r, "gdpo").tolist() == [False, True]
+    assert rs.live(r, "grpo").tolist() == [False, True]
+
+
 def test_build_weights_override():
     rs = build("algo=grpo", "algo.weights={correctness:2,efficiency:0.1,safety:3}")
     assert_close(rs.weights, torch.tensor([2.0, 0.1, 3.0]))

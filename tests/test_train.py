@@ -60,6 +60,14 @@ def test_top_k_top_p_train_with_kl_entropy_and_a_second_epoch_finite(make_cfg, t
     assert final["entropy"] < math.log(5) + 1e-6  # at most 5 tokens carry probability
 
 
+def test_old_log_probs_are_scored_at_the_sampling_temperature(make_cfg, tmp_path):
+    # Two epochs: the ratio's old log-probs come from score_rollouts.  At a learning rate of 1e-12 the policy does not
+    # move, so every ratio is 1 when both passes use trainer.temperature (scored at 1.0, approx_kl would be ~1e-2).
+    final = train(make_cfg("algo=grpo", "trainer.temperature=0.7", "algo.epochs=2", "trainer.lr=1e-12",
+                           "trainer.max_steps=1"), tmp_path)
+    assert final["policy/approx_kl"] < 1e-9 and final["clip_frac"] == 0.0
+
+
 def test_ppo_logs_the_kl_penalty_its_rewards_carried(make_cfg, tmp_path):
     train(make_cfg("algo=ppo", "algo.kl_coef=0.1", "algo.kl_mode=reward"), tmp_path)
     first, second = read_metrics(tmp_path / METRICS_FILE)
@@ -96,13 +104,28 @@ def test_resume_true_continues_in_the_same_run_dir(make_cfg, tmp_path):
     assert not any("partial" in r for r in records)
 
 
+class HalfDead:
+    """Dead on prompts of even target (0 for every rollout); elsewhere the parity of the episode's length."""
+
+    def __call__(self, episode) -> float:
+        return 0.0 if episode.prompt.meta["target"] % 2 == 0 else float(episode.num_tokens % 2)
+
+
 def test_dynamic_sampling_trains_only_live_groups(make_cfg, tmp_path):
-    final = train(make_cfg("algo=gdpo", "algo.dynamic_sampling=true", "algo.max_gen_batches=3",
-                           "trainer.max_steps=3"), tmp_path)
-    for record in read_metrics(tmp_path / METRICS_FILE):
-        assert 1 <= record["dapo/gen_batches"] <= 3
+    """Half the prompts give a dead group (and a weight-0 constraint varies on all of them, which is no signal):
+    the trained batches hold live groups only, while the generated ones held dead groups."""
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg("algo=gdpo", "algo.dynamic_sampling=true", "algo.max_gen_batches=4", "trainer.max_steps=3",
+                   "rewards.channels.safety.weight=0")
+    OmegaConf.update(cfg, "rewards.channels.correctness.fn", {"_target_": "test_train.HalfDead"}, merge=False)
+    OmegaConf.update(cfg, "rewards.channels.efficiency.fn", {"_target_": "test_train.Constant"}, merge=False)
+    records = [train(cfg, tmp_path)] and read_metrics(tmp_path / METRICS_FILE)
+    for record in records:
+        assert 1 <= record["dapo/gen_batches"] <= 4
         assert record["dapo/rollouts_generated"] == record["dapo/gen_batches"] * 2 * 4
-    assert final["groups/dead_frac"] == 0.0 or final["dapo/gen_batches"] == 3
+        assert record["groups/dead_frac"] == 0.0 or record["dapo/gen_batches"] == 4
+    assert max(r["groups/dead_frac_raw"] for r in records) >= 0.5  # the filter had dead groups to drop
 
 
 def test_zero2_step_on_cpu(make_cfg, tmp_path):
@@ -129,7 +152,7 @@ def test_dynamic_sampling_skips_the_update_when_no_group_is_live(make_cfg, tmp_p
 
     cfg = make_cfg("algo=dapo", "algo.max_gen_batches=2", "algo.overlong_buffer=0", "trainer.save_every=2")
     for name in ("correctness", "efficiency", "safety"):
-        OmegaConf.update(cfg, f"rewards.channels.{name}.fn", {"_target_": "test_train.Constant"})
+        OmegaConf.update(cfg, f"rewards.channels.{name}.fn", {"_target_": "test_train.Constant"}, merge=False)
     before = initial_weights(cfg)
     train(cfg, tmp_path)
     for record in read_metrics(tmp_path / METRICS_FILE):
