@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -99,10 +101,45 @@ def overall(parts: list[bool]) -> bool | None:
     return True if all(parts) else False if not any(parts) else None
 
 
+CONF = Path(__file__).resolve().parent.parent.parent / "conf"
+PRESETS_HEADING = "**Presets.**"
+
+
+def named_presets(text: str) -> list[str]:
+    """The preset files the `mrl train` command lines in `text` compose: conf/train.yaml, each `algo=` and
+    `rewards=` value (the defaults where a command names none), e.g. ["conf/algo/grpo.yaml", ...]."""
+    commands = [line for line in text.splitlines() if line.startswith("mrl train")]
+    defaults = dict(re.findall(r"^  - (algo|rewards): (\w+)", (CONF / "train.yaml").read_text(), re.MULTILINE))
+    files = {"conf/train.yaml"} if commands else set()
+    for command in commands:
+        for group in ("algo", "rewards"):
+            values = re.findall(rf"(?:^|\s){group}=([\w,]+)", command) or [defaults[group]]
+            files |= {f"conf/{group}/{v}.yaml" for value in values for v in value.split(",")}
+    return sorted(files)
+
+
+def preset_fingerprint(text: str) -> dict[str, str]:
+    """{preset file: the first 12 hex digits of its sha256 now} for the presets `text`'s commands name."""
+    root = CONF.parent
+    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest()[:12] for f in named_presets(text)}
+
+
+def recorded_fingerprint(summary: str) -> dict[str, str] | None:
+    """The {preset file: sha256 prefix} a summary.md recorded when it was written; None if it recorded none."""
+    section = summary.partition(PRESETS_HEADING)[2]
+    if not section:
+        return None
+    return dict(re.findall(r"`(conf/[\w/.]+)` ([0-9a-f]{12})", section))
+
+
 def write_summary(name: str, claim: str, setup: str, numbers: str, verdict: str, held: bool | None) -> Path:
+    """reports/<name>/summary.md, with the fingerprint of the presets its commands ran (tests/test_repro.py compares
+    it with the presets of the day: a report older than its presets fails there)."""
     status = {True: "HELD", False: "DID NOT HOLD", None: "MIXED"}[held]
+    presets = ", ".join(f"`{f}` {sha}" for f, sha in preset_fingerprint(setup).items()) or "none (no training)"
     text = (f"# {name}\n\n**Claim.** {claim}\n\n**Setup.**\n\n{setup}\n\n**Measured.**\n\n{numbers}\n\n"
-            f"**Verdict: {status}.** {verdict}\n")
+            f"**Verdict: {status}.** {verdict}\n\n{PRESETS_HEADING} Run with (sha256, first 12 hex digits): "
+            f"{presets}\n")
     path = REPORTS / name / "summary.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
