@@ -206,9 +206,9 @@ def _plan(node: ast.AST, probes: list) -> None:
             raise _Unsupported
         children = node.args + [k.value for k in node.keywords]
     elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in METHOD_NAMES
-          and not _is_math(node.func)):
+          and _of_program(node.func.value)):
         # `f('abc').startswith('c')`: the sandbox returns f('abc'), the method of its builtin type runs here.
-        if any(k.arg is None for k in node.keywords) or not _of_program(node.func.value):
+        if any(k.arg is None for k in node.keywords):
             raise _Unsupported
         children = [node.func.value, *node.args, *(k.value for k in node.keywords)]
     elif _is_math(node) or (isinstance(node, ast.Name) and node.id in SAFE_FUNCS):
