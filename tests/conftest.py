@@ -69,10 +69,13 @@ def pytest_runtest_call(item):
 
     try:
         return (yield)
-    except SandboxUnavailable as err:
-        if os.environ.get("CI") == "true":
+    except Exception as err:
+        cause = err
+        while cause is not None and not isinstance(cause, SandboxUnavailable):  # Hydra wraps a target's errors
+            cause = cause.__cause__ or cause.__context__
+        if cause is None or os.environ.get("CI") == "true":
             raise
-        pytest.skip(f"sandbox unavailable: {err}")
+        pytest.skip(f"sandbox unavailable: {cause}")
 
 
 def pytest_terminal_summary(terminalreporter):
