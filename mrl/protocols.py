@@ -157,6 +157,7 @@ class Environment(Protocol):
     or spends its calls for the turn, asks for the user's next message; the episode ends when there is none."""
 
     user_turn: int  # the user turn under way, from 0
+    calls_this_turn: int  # calls made in it so far (0: the policy's next reply is its first of the turn)
 
     def available(self) -> set[str]:
         """The functions that may be called in this user turn."""
@@ -320,9 +321,10 @@ class ChatProtocol:
             messages = self.template.with_system(messages, tools_prompt(tools))
         text = self.template.render(messages, tools=tools if tools and self.template.renders_tools else None,
                                     generation_prompt=True)
-        if prompt.answer_prefix and not self.parallel_calls:
+        if prompt.answer_prefix and not (self.parallel_calls or self.environments):
             raise UserError("an answer prefix is written before the first turn only, so it needs a one-turn task "
-                            "whose calls are the answer (parallel_calls)")
+                            "whose calls are the answer (parallel_calls) or a stateful environment (it then starts "
+                            "the first reply of every user turn)")
         return self.tokenizer(text + prompt.answer_prefix, add_special_tokens=False).input_ids
 
     def environment(self, prompt: Prompt) -> Environment | None:
@@ -332,7 +334,7 @@ class ChatProtocol:
         if self.parallel_calls:
             return self._final_calls(prompt, text, reason)
         if env is not None:
-            return self._world_turn(env, text, reason)
+            return self._world_turn(env, text, reason, prompt.answer_prefix)
         visible, body = split_turn(text, reason == CALL_CLOSE)
         if reason is None or body is None:  # out of budget, or a final message
             return Turn(visible, [], [], reason is not None)
@@ -345,10 +347,14 @@ class ChatProtocol:
                                    lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE))
         return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, cut=cut)], ids, False)
 
-    def _world_turn(self, env: Environment, text: str, reason: str | None) -> Turn:
+    def _world_turn(self, env: Environment, text: str, reason: str | None, prefix: str) -> Turn:
         """A turn of a stateful episode: a call runs on `env` and its result comes back; a turn without a call (or
         one that spends the turn's calls) is followed by the user's next message, in the same tokens a chat
-        template gives a new user message; the episode ends when the user has nothing more to say."""
+        template gives a new user message; the episode ends when the user has nothing more to say.  `prefix` (the
+        prompt's answer_prefix) starts the first reply of every user turn: written after the generation prompt,
+        as part of the observation (never trained on)."""
+        if env.calls_this_turn == 0:
+            text = prefix + text
         visible, body = split_turn(text, reason == CALL_CLOSE)
         if reason is None:  # out of budget
             return Turn(visible, [], [], False)
@@ -356,7 +362,7 @@ class ChatProtocol:
             message = env.next_message()
             if message is None:
                 return Turn(visible, [], [], True)
-            return Turn(visible, [], self._encode(self.template.reply_suffix(message)), False)
+            return Turn(visible, [], self._encode(self.template.reply_suffix(message) + prefix), False)
         name, arguments, error = read_call(body)
         turn = env.user_turn
         result = env.call(name, arguments)
@@ -368,8 +374,10 @@ class ChatProtocol:
         message = env.next_message() if spent else None
         if spent and message is None:  # ... and that was the last user turn: the episode is over
             return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, user_turn=turn)], [], True)
+        after = prefix if spent else ""  # the user's next message opens a turn: its first reply starts with prefix
         ids, result, cut = _cut_to(self.tokenizer, result, self.max_tool_tokens,
-                                   lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE, message))
+                                   lambda s: self.template.suffix(s, name or "tool", reason == CALL_CLOSE, message)
+                                   + after)
         return Turn(visible, [ToolCall(name, arguments, result, valid=error is None, cut=cut, user_turn=turn)], ids,
                     False)
 

@@ -403,7 +403,7 @@ def check(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False
 def efficiency(verdict: Verdict) -> float:
     """Minus the calls beyond the ground truth's, per ground-truth call, in [-1, 0]: -0.5 is half again as many
     calls as needed; twice as many or more is -1 (a fixed range, so a gated value of -1 is never better)."""
-    return -min(1.0, verdict.extra_calls / max(1, verdict.gold_calls))
+    return 0.0 - min(1.0, verdict.extra_calls / max(1, verdict.gold_calls))  # 0.0, not -0.0, when none
 
 
 def replay(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False) -> dict[str, float]:

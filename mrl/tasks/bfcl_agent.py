@@ -15,6 +15,7 @@ The held-out split is fixed by entry id, as in mrl.tasks.bfcl (crc32 of the id):
 from __future__ import annotations
 
 import json
+import random
 import zlib
 from typing import Any
 
@@ -72,6 +73,13 @@ class BfclAgentTask:
     gold_functions_only: declare (and make available) only the functions the ground truth calls: no distractors and
       a prompt ~4x shorter; an easier task, a lever for small models and CPUs (the channels know it: a function not
       declared is not available).
+    fewshot: solved examples before the question: other train entries' first user turn, each call of their ground
+      truth as an assistant turn with its real result, then a short answer (fixed per entry by the seed); only
+      entries whose calls are all available in this one (a lever for small models, which learn the call format
+      from them).
+    answer_prefix: the text the first reply of every user turn starts with, written after the generation prompt
+      (e.g. `<tool_call>{"name": "`: a lever for small models, which then only fill in a call; it forces a call
+      where BFCL's miss_param turns want a question back).
     max_user_turns: only entries with at most this many user turns (0: any); with `classes` and the two limits
       below, a subset sized for a CPU.
     max_entries, max_eval_entries: at most this many train / held-out entries (0: all), the first in crc32 order of
@@ -80,7 +88,7 @@ class BfclAgentTask:
 
     def __init__(self, categories: list[str] | str = ("multi_turn_base",), seed: int = 0, eval_percent: float = 20.0,
                  max_calls_per_turn: int = 10, classes: list[str] | tuple = (), compact_docs: bool = False,
-                 gold_functions_only: bool = False,
+                 gold_functions_only: bool = False, fewshot: int = 0, answer_prefix: str = "",
                  max_user_turns: int = 0, max_entries: int = 0, max_eval_entries: int = 0):
         categories = [categories] if isinstance(categories, str) else list(categories)
         if not categories:
@@ -93,6 +101,7 @@ class BfclAgentTask:
         if unknown:
             raise UserError(f"rewards.task.classes has {unknown}, not BFCL classes; choose from {sorted(gym.CLASSES)}")
         self.max_calls_per_turn, self.compact_docs, self.gold_only = max_calls_per_turn, compact_docs, gold_functions_only
+        self.seed, self.fewshot, self.answer_prefix = seed, fewshot, answer_prefix
         entries = [e for c in categories for e in gym.load_entries(c)
                    if (not classes or set(e["involved_classes"]) <= set(classes))
                    and (not max_user_turns or len(e["question"]) <= max_user_turns)]
@@ -128,10 +137,33 @@ class BfclAgentTask:
         tools = gym.schemas(gym.function_docs(entry, 0, self.gold_only), self.compact_docs)
         meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"]),
                 "gold_only": self.gold_only}
-        return Prompt(text=first, meta=meta, messages=[{"role": "user", "content": first}], tools=tools)
+        solved = [m for shot in self._shots(entry) for m in _solved(shot)]
+        return Prompt(text=first, meta=meta, messages=solved + [{"role": "user", "content": first}], tools=tools,
+                      answer_prefix=self.answer_prefix)
+
+    def _shots(self, entry: dict) -> list[dict]:
+        """`fewshot` other train entries whose first turn's ground truth calls only functions `entry` offers in
+        its first turn, the same for the same seed."""
+        if not self.fewshot:
+            return []
+        offered = gym.available(entry, 0, self.gold_only)
+        fits = [e for e in self.train if e["id"] != entry["id"] and e["ground_truth"][0]
+                and {gym.parse_call(c)[0] for c in e["ground_truth"][0]} <= offered]
+        return random.Random(f"bfcl_agent-shots/{self.seed}/{entry['id']}").sample(fits, min(self.fewshot, len(fits)))
 
     def environment(self, prompt: Prompt) -> BfclWorld:
         return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs, self.gold_only)
 
     def entry(self, prompt: Prompt) -> dict:
         return self.entries[prompt.meta["id"]]
+
+
+def _solved(entry: dict) -> list[dict]:
+    """An entry's first user turn solved: its message, each ground-truth call as an assistant turn followed by its
+    real result (run on a fresh world), and a short answer."""
+    world, messages = gym.World(entry), [{"role": "user", "content": gym.user_turns(entry)[0]}]
+    for text, (name, arguments) in zip(entry["ground_truth"][0], gym.gold_calls(entry)[0]):
+        call = {"type": "function", "function": {"name": name, "arguments": arguments}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                     {"role": "tool", "name": name, "content": world.call_string(text)[1]}]
+    return messages + [{"role": "assistant", "content": "Done."}]
