@@ -205,7 +205,7 @@ def test_prompt_records_one_per_prompt(held):
     assert records[2]["rewards"] == {"correctness": None, "length": 1.0}  # the abstention
     assert records[0]["prompt"] == "q0" and records[0]["completion"] == "answer 0" and records[0]["category"] == "a"
     assert records[1]["tool_calls"] == [{"name": "calc", "arguments": {"x": 1}, "observation": "", "valid": True,
-                                         "cut": False}]
+                                         "cut": False, "user_turn": 0}]
     json.dumps(records)  # eval.jsonl's lines
 
 
