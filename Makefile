@@ -107,7 +107,7 @@ dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ran
 bench-lora: $(STAMP) ## LoRA vs full fine-tune, two steps with KL on: peak memory, checkpoint bytes (SmolLM2 if built, else tiny; ~10 min)
 	$(BIN)/python scripts/bench_lora.py $(ARGS)
 
-mutants: $(STAMP) ## One-line mutations of the trainer's math (scripts/mutants.yaml) on a scratch copy: caught or survived each (~15 min)
+mutants: $(STAMP) ## One-line mutations of the trainer's math (scripts/mutants.yaml) on a scratch copy: caught or survived each (~20 min on 2 shared cores)
 	$(BIN)/python scripts/mutants.py $(ARGS)
 
 lint: $(STAMP) ## Lint with ruff
