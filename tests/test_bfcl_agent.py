@@ -269,3 +269,49 @@ def test_train_runs_bfcl_agent_on_a_tiny_chat_model(tmp_path):
         assert f"reward/{channel}/mean" in metrics
     assert -1.0 <= metrics["reward/efficiency/mean"] <= 0.0
     assert "eval/accuracy" in metrics
+
+
+def test_gold_functions_only_declares_and_offers_the_ground_truths_functions():
+    task = BfclAgentTask(categories=["multi_turn_base"], gold_functions_only=True)
+    e = task.entries["multi_turn_base_0"]
+    declared = {t["function"]["name"] for t in task.to_prompt(e).tools}
+    assert declared == {"cd", "mkdir", "mv", "grep", "sort", "diff"}
+    world = task.environment(task.to_prompt(e))
+    assert world.call("ls", {}) is None  # a function of the class, but not offered here
+    calls = with_extra(e, 0, ("ls", {}))
+    assert gym.check(e, calls, gold_only=True).violations == ["turn 0: called 'ls', not available in this turn"]
+    assert gym.check(e, calls).violations == []
+
+
+def test_fewshot_examples_are_solved_first_turns_with_their_real_results():
+    task = BfclAgentTask(categories=["multi_turn_base"], fewshot=1, seed=3)
+    e = task.entries["multi_turn_base_0"]
+    messages = task.to_prompt(e).messages
+    assert messages[-1] == {"role": "user", "content": gym.user_turns(e)[0]}
+    shot = next(s for s in task.train if s["question"][0][0]["content"] == messages[0]["content"])
+    calls = [m["tool_calls"][0]["function"] for m in messages if m.get("tool_calls")]
+    assert [(c["name"], c["arguments"]) for c in calls] == gym.gold_calls(shot)[0]
+    assert {c["name"] for c in calls} <= gym.available(e, 0)  # the example calls only what this entry offers
+    world = gym.World(shot)
+    assert [m["content"] for m in messages if m["role"] == "tool"] == \
+        [world.call_string(s)[1] for s in shot["ground_truth"][0]]
+    assert messages[-2] == {"role": "assistant", "content": "Done."}
+    assert task.to_prompt(e).messages == BfclAgentTask(categories=["multi_turn_base"], fewshot=1, seed=3) \
+        .to_prompt(e).messages  # fixed by the seed
+
+
+def test_answer_prefix_starts_the_first_reply_of_every_user_turn(hermes):
+    prefix = '<tool_call>{"name": "'
+    task = BfclAgentTask(categories=["multi_turn_base"], answer_prefix=prefix)
+    e = task.entries["multi_turn_base_1"]  # turn 0: ls(a=True); turn 1: cd, mv; ...
+    turns = ['ls", "arguments": {"a": true}}</tool_call>', "Done.<|im_end|>",
+             'cd", "arguments": {"folder": "workspace"}}</tool_call>',
+             '<tool_call>{"name": "mv", "arguments": {"source": "log.txt", "destination": "archive"}}</tool_call>',
+             "Done.<|im_end|>"]
+    episode = play(hermes, task, e["id"], turns + ["x<|im_end|>"] * 4)
+    assert [(c.name, c.user_turn, c.valid) for c in episode.tool_calls][:3] == \
+        [("ls", 0, True), ("cd", 1, True), ("mv", 1, True)]
+    assert scores(episode)["turns"] == 0.5  # turns 0 and 1 of 4 pass
+    # the prefix follows the user's message (an observation); after a result within a turn the policy writes its
+    # own call (the mv above), so a reply there without one is a final message
+    assert f"{gym.user_turns(e)[1]}\nassistant\n{prefix}cd" in episode.completion
