@@ -36,7 +36,7 @@ SCALES = {
     "cpu": ["model=smollm2_local", "rewards.task.max_user_turns=2", "rewards.task.gold_functions_only=true",
             "rewards.task.compact_docs=true", "rewards.task.fewshot=1", PREFIX, "rewards.task.max_calls_per_turn=4",
             "rewards.task.max_eval_entries=6", "trainer.max_steps=3", "trainer.eval_every=3",
-            "trainer.eval_prompts=6", "trainer.prompts_per_step=1", "trainer.group_size=4",
+            "trainer.eval_prompts=6", "trainer.eval_samples=0", "trainer.prompts_per_step=1", "trainer.group_size=4",
             "trainer.micro_batch_size=4", "trainer.max_new_tokens=96", "trainer.max_tool_tokens=160",
             "trainer.temperature=0.7", "trainer.lr=1e-5", "algo.max_gen_batches=2"],
     "gpu": ["model=qwen3_0_6b", f"model.name_or_path={os.environ.get('MODEL', 'models/qwen3-0.6b')}",
