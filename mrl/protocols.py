@@ -367,7 +367,8 @@ class ChatProtocol:
         turn = env.user_turn
         result = env.call(name, arguments)
         if error is None and result is None:
-            error = f"there is no function {name!r} in this turn; the functions are: {', '.join(sorted(env.available()))}"
+            offered = ", ".join(sorted(env.available()))
+            error = f"there is no function {name!r} in this turn; the functions are: {offered}"
         if error:
             result = f"error: {error}"
         spent = env.turn_over()  # the turn's calls are spent: the user's next message follows the result

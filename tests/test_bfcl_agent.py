@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import compose_config
@@ -165,7 +166,8 @@ def test_bad_calls_come_back_as_error_results():
     # A float parameter gets a float: 10 ** 10 ** 9 would be a billion-digit integer; as floats it overflows.
     assert math.call("power", {"base": 10, "exponent": 10 ** 9}) == \
         "Error during execution: (34, 'Numerical result out of range')"
-    assert math.call("add", {"a": 2 ** 60, "b": 1}) == "Error during execution: an integer argument of add is beyond 2**53"
+    assert math.call("add", {"a": 2 ** 60, "b": 1}) == \
+        "Error during execution: an integer argument of add is beyond 2**53"
     assert json.loads(math.call("add", {"a": 2, "b": 3})) == {"result": 5.0}
     import mpmath
 
@@ -261,7 +263,8 @@ def test_train_runs_bfcl_agent_on_a_tiny_chat_model(tmp_path):
     (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16384}))
     cfg = compose_config("rewards=bfcl_agent", "algo=gdpo", f"model.name_or_path={model_dir}",
                          "model.use_chat_template=true", "rewards.task.classes=[TradingBot]",
-                         "rewards.task.compact_docs=true", "rewards.task.gold_functions_only=true", "rewards.task.max_calls_per_turn=2",
+                         "rewards.task.compact_docs=true", "rewards.task.gold_functions_only=true",
+                         "rewards.task.max_calls_per_turn=2",
                          "trainer.max_new_tokens=24", "trainer.group_size=2", "trainer.eval_every=2",
                          "trainer.eval_prompts=2")
     metrics = train(cfg, tmp_path / "run")
@@ -315,3 +318,40 @@ def test_answer_prefix_starts_the_first_reply_of_every_user_turn(hermes):
     # the prefix follows the user's message (an observation); after a result within a turn the policy writes its
     # own call (the mv above), so a reply there without one is a final message
     assert f"{gym.user_turns(e)[1]}\nassistant\n{prefix}cd" in episode.completion
+
+
+SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
+
+
+def test_repro_agent_cpu_settings_compose_for_every_preset():
+    from mrl.repro.agent import HAND_WEIGHTS, PRESETS, SCALES
+    from mrl.validation import validate
+
+    for preset in PRESETS:
+        weights = HAND_WEIGHTS if preset == "grpo_weighted" else []
+        cfg = compose_config("rewards=bfcl_agent", f"algo={preset}", *weights, *SCALES["cpu"], shrink=False)
+        validate(cfg)
+        assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the held-out curve ends on the last step
+    assert cfg.rewards.task.answer_prefix == '<tool_call>{"name": "'
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason="run `make smollm2` first")
+def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
+    """SmolLM2-135M-Instruct on BFCL multi-turn entries through the whole loop: rollouts in its chat format, the
+    worlds' results in its transcripts, the channels scored, held-out evaluation before and after one step."""
+    from mrl.repro.agent import SCALES
+    from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+
+    monkeypatch.chdir(SMOLLM2.parent.parent)  # model.name_or_path is relative to the repository
+    cfg = compose_config("rewards=bfcl_agent", "algo=gdpo", *SCALES["cpu"], "trainer.max_steps=1",
+                         "trainer.eval_every=1", "trainer.eval_prompts=2", "logger=none", "logger.samples_every=1",
+                         shrink=False)
+    train(cfg, tmp_path)
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 1]
+    trained = next(r for r in records if "reward/safety/mean" in r)
+    assert -1.0 <= trained["reward/safety/mean"] <= 0.0 and -1.0 <= trained["reward/efficiency/mean"] <= 0.0
+    sample = json.loads((tmp_path / SAMPLES_FILE).read_text().splitlines()[0])
+    assert sample["prompt"].endswith('<|im_start|>assistant\n<tool_call>{"name": "')  # the answer prefix
+    assert sample["tool_calls"] and all("user_turn" in c for c in sample["tool_calls"])

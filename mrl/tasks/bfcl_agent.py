@@ -31,7 +31,8 @@ class BfclWorld:
     calls made in it."""
 
     def __init__(self, entry: dict, max_calls_per_turn: int, compact: bool, gold_only: bool):
-        self.entry, self.max_calls_per_turn, self.compact, self.gold_only = entry, max_calls_per_turn, compact, gold_only
+        self.entry, self.max_calls_per_turn = entry, max_calls_per_turn
+        self.compact, self.gold_only = compact, gold_only
         self.world = gym.World(entry)
         self.messages = gym.user_turns(entry)
         self.user_turn, self.calls_this_turn = 0, 0
@@ -100,7 +101,8 @@ class BfclAgentTask:
         unknown = sorted(set(classes) - set(gym.CLASSES))
         if unknown:
             raise UserError(f"rewards.task.classes has {unknown}, not BFCL classes; choose from {sorted(gym.CLASSES)}")
-        self.max_calls_per_turn, self.compact_docs, self.gold_only = max_calls_per_turn, compact_docs, gold_functions_only
+        self.max_calls_per_turn, self.compact_docs = max_calls_per_turn, compact_docs
+        self.gold_only = gold_functions_only
         self.seed, self.fewshot, self.answer_prefix = seed, fewshot, answer_prefix
         entries = [e for c in categories for e in gym.load_entries(c)
                    if (not classes or set(e["involved_classes"]) <= set(classes))
