@@ -324,14 +324,15 @@ SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-inst
 
 
 def test_repro_agent_cpu_settings_compose_for_every_preset():
-    from mrl.repro.agent import HAND_WEIGHTS, PRESETS, SCALES
+    from mrl.repro.agent import PRESETS, SCALES, SWEEPS
     from mrl.validation import validate
 
-    for preset in PRESETS:
-        weights = HAND_WEIGHTS if preset == "grpo_weighted" else []
-        cfg = compose_config("rewards=bfcl_agent", f"algo={preset}", *weights, *SCALES["cpu"], shrink=False)
-        validate(cfg)
-        assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the held-out curve ends on the last step
+    assert sorted(p for _, presets, _ in SWEEPS for p in presets) == sorted(PRESETS)
+    for _, presets, own in SWEEPS:
+        for preset in presets:
+            cfg = compose_config("rewards=bfcl_agent", f"algo={preset}", *own["cpu"], *SCALES["cpu"], shrink=False)
+            validate(cfg)
+            assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the held-out curve ends on the last step
     assert cfg.rewards.task.answer_prefix == '<tool_call>{"name": "'
 
 

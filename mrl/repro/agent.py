@@ -8,8 +8,9 @@ model dir (MODEL=/path, default Qwen3-0.6B's layout) on every base entry; a mode
 evaluated on the held-out split with and without it (`mrl eval ... model.chat_template_kwargs.enable_thinking=...`).
 
 grpo_weighted is GRPO with the channels' weights set by hand to equal their scales; bfcl_agent's channels already
-span one unit each ([0, 1] or [-1, 0]), so its hand weights are all 1 (one sweep of its own: a multirun cannot give
-one preset other weights).
+span one unit each ([0, 1] or [-1, 0]), so its hand weights are all 1.  At SCALE=cpu PPO's critic is a value head on
+the policy (`algo.critic=head`) rather than a second 135M model, which would double an update that already takes
+most of a step.  Each of these runs as a multirun of its own: a multirun cannot give one preset other settings.
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ CHANNELS = ["correctness", "turns", "efficiency", "safety"]
 SEEDS = "0,1,2"
 HAND_WEIGHTS = ["algo.weights.correctness=1.0", "+algo.weights.turns=1.0", "algo.weights.efficiency=1.0",
                 "algo.weights.safety=1.0"]
+# (sweep dir, presets, their own overrides per scale)
+SWEEPS = [("runs", ["grpo", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"], {"cpu": [], "gpu": []}),
+          ("runs_ppo", ["ppo"], {"cpu": ["algo.critic=head"], "gpu": []}),
+          ("runs_weighted", ["grpo_weighted"], {"cpu": HAND_WEIGHTS, "gpu": HAND_WEIGHTS})]
 PREFIX = "rewards.task.answer_prefix='<tool_call>{\"name\": \"'"
 SCALES = {
     "cpu": ["model=smollm2_local", "rewards.task.max_user_turns=2", "rewards.task.gold_functions_only=true",
-            "rewards.task.compact_docs=true", "rewards.task.fewshot=1", PREFIX, "rewards.task.max_calls_per_turn=4",
-            "rewards.task.max_eval_entries=6", "trainer.max_steps=3", "trainer.eval_every=3",
-            "trainer.eval_prompts=6", "trainer.eval_samples=0", "trainer.prompts_per_step=1", "trainer.group_size=4",
-            "trainer.micro_batch_size=4", "trainer.max_new_tokens=96", "trainer.max_tool_tokens=160",
+            "rewards.task.compact_docs=true", PREFIX, "rewards.task.max_calls_per_turn=3",
+            "rewards.task.max_eval_entries=4", "trainer.max_steps=2", "trainer.eval_every=2",
+            "trainer.eval_prompts=4", "trainer.eval_samples=0", "trainer.prompts_per_step=1", "trainer.group_size=4",
+            "trainer.micro_batch_size=4", "trainer.max_new_tokens=64", "trainer.max_tool_tokens=128",
             "trainer.temperature=0.7", "trainer.lr=1e-5", "algo.max_gen_batches=2"],
     "gpu": ["model=qwen3_0_6b", f"model.name_or_path={os.environ.get('MODEL', 'models/qwen3-0.6b')}",
             "rewards.task.max_eval_entries=40", "trainer.max_steps=100", "trainer.eval_every=25",
@@ -95,13 +100,13 @@ def mean_std(values: list[float]) -> str:
 
 def main() -> None:
     root = REPORTS / NAME
-    presets = [p for p in PRESETS if p != "grpo_weighted"]
-    commands = [sweep(root / "runs", [f"algo={','.join(presets)}", f"trainer.seed={SEEDS}"]),
-                sweep(root / "runs_weighted", ["algo=grpo_weighted", *HAND_WEIGHTS, f"trainer.seed={SEEDS}"])]
-    runs = read_runs(root / "runs") + read_runs(root / "runs_weighted")
-    for run, path in zip(runs, sorted((root / "runs").glob("*/metrics.jsonl"), key=_job)
-                         + sorted((root / "runs_weighted").glob("*/metrics.jsonl"), key=_job)):
-        run.path = path.parent
+    commands, runs = [], []
+    for name, presets, own in SWEEPS:
+        commands.append(sweep(root / name, [f"algo={','.join(presets)}", *own[scale()], f"trainer.seed={SEEDS}"]))
+        swept = read_runs(root / name)
+        for run, path in zip(swept, sorted((root / name).glob("*/metrics.jsonl"), key=_job)):
+            run.path = path.parent
+        runs += swept
     by_preset = {p: [r for r in runs if r.config.algo.name == p] for p in PRESETS}
 
     rows, table = [], []
@@ -133,7 +138,7 @@ def main() -> None:
 
     from mrl.report import find_runs, write_html_report
 
-    html = write_html_report(find_runs([root / "runs", root / "runs_weighted"]), root / "report.html",
+    html = write_html_report(find_runs([root / name for name, _, _ in SWEEPS]), root / "report.html",
                              title="repro-agent: seven presets on BFCL multi-turn (bfcl_agent)")
     safety_final = {p: statistics.mean(held_out(r, "eval/safety/mean")[1] for r in by_preset[p]) for p in PRESETS}
     correct_final = {p: statistics.mean(held_out(r, "eval/correctness/mean")[1] for r in by_preset[p])
@@ -163,7 +168,7 @@ def main() -> None:
 CPU_NOTE = """
 **What a CPU run can say.** SmolLM2-135M-Instruct cannot do BFCL multi-turn (models a hundred times larger fail
 most of it): untrained, it answers in prose, and with the call prefix it mostly names functions that do not exist.
-Three steps of one group of four are what 2 cores give 21 runs in the time budget, so this run cannot show a
+Two steps of one group of four are what 2 shared cores give 21 runs in the time budget, so this run cannot show a
 trainer moving held-out correctness; it shows the gym running end to end under all seven presets, the channels
 that do vary at this scale (safety: calls to functions that do not exist; efficiency), and it is the command to
 run at SCALE=gpu, where the claim can be tested.
