@@ -43,7 +43,7 @@ _IGNORED_CHARS = re.compile(r"[ ,./\-_*^]")
 
 
 # ---------------------------------------------------------------------------------------------------------- data
-def _data_dir() -> Path:
+def data_dir() -> Path:
     """The package's data folder, found without importing bfcl_eval (its __init__ chain needs API clients)."""
     spec = find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
@@ -51,7 +51,7 @@ def _data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _read_records(path: Path) -> list[dict]:
+def read_records(path: Path) -> list[dict]:
     if not path.is_file():
         raise UserError(f"BFCL file {path} is missing: the installed bfcl-eval is not the expected one; {_INSTALL}.")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -70,11 +70,11 @@ def load_entries(category: str) -> list[dict]:
     [{'calculate_triangle_area': {'base': [10], 'height': [5], 'unit': ['units', '']}}]
     """
     _check_category(category)
-    data = _data_dir()
-    entries = _read_records(data / f"BFCL_v4_{category}.json")
+    data = data_dir()
+    entries = read_records(data / f"BFCL_v4_{category}.json")
     answers = {}
     if _CHECKS[category] is not _check_irrelevance:
-        records = _read_records(data / "possible_answer" / f"BFCL_v4_{category}.json")
+        records = read_records(data / "possible_answer" / f"BFCL_v4_{category}.json")
         answers = {record["id"]: record["ground_truth"] for record in records}
     for entry in entries:
         if answers and entry["id"] not in answers:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from mrl.benchmarks.bfcl import _data_dir, _read_records, tool_schemas
+from mrl.benchmarks.bfcl import data_dir, read_records, tool_schemas
 from mrl.config import UserError
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -80,9 +80,9 @@ def load_entries(category: str) -> list[dict]:
     """BFCL's entries of one multi-turn category, each with `ground_truth` (call strings per user turn) and
     `category` set."""
     _check_category(category)
-    data = _data_dir()
-    entries = _read_records(data / f"BFCL_v4_{category}.json")
-    answers = {r["id"]: r["ground_truth"] for r in _read_records(data / "possible_answer" / f"BFCL_v4_{category}.json")}
+    data = data_dir()
+    entries = read_records(data / f"BFCL_v4_{category}.json")
+    answers = {r["id"]: r["ground_truth"] for r in read_records(data / "possible_answer" / f"BFCL_v4_{category}.json")}
     for entry in entries:
         entry["ground_truth"] = answers[entry["id"]]
         entry["category"] = category
@@ -95,8 +95,8 @@ def load_entries(category: str) -> list[dict]:
 
 @lru_cache(maxsize=None)
 def _class_docs(class_name: str) -> tuple[dict, ...]:
-    path = _data_dir() / "multi_turn_func_doc" / f"{CLASSES[class_name][1]}.json"
-    return tuple(_read_records(path))
+    path = data_dir() / "multi_turn_func_doc" / f"{CLASSES[class_name][1]}.json"
+    return tuple(read_records(path))
 
 
 def _withheld(entry: dict) -> set[str]:
@@ -329,10 +329,11 @@ class Verdict:
 
 
 def available(entry: dict, turn: int, gold_only: bool = False) -> set[str]:
+    """The names of the functions offered at user turn `turn` (function_docs)."""
     return {doc["name"] for doc in function_docs(entry, turn, gold_only)}
 
 
-def _counts_as_removed(results: list[str], wanted: list[str]) -> list[str]:
+def _missing(results: list[str], wanted: list[str]) -> list[str]:
     """The items of `wanted` missing from `results`, as a multiset (BFCL's unordered subsequence check)."""
     pool, missing = list(results), []
     for item in wanted:
@@ -379,7 +380,7 @@ def check(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False
         else:
             differing = sorted(f"{c}.{k}" for c in gold_state for k in gold_state[c]
                                if not _same(policy_state[c].get(k), gold_state[c][k]))
-            missing = _counts_as_removed(all_results, gold_results)
+            missing = _missing(all_results, gold_results)
             if differing:
                 error = f"state differs from the ground truth's: {', '.join(differing)}"
             elif missing:
