@@ -168,10 +168,10 @@ def main() -> None:
 CPU_NOTE = """
 **What a CPU run can say.** SmolLM2-135M-Instruct cannot do BFCL multi-turn (models a hundred times larger fail
 most of it): untrained, it answers in prose, and with the call prefix it mostly names functions that do not exist.
-One step of one group of four is what 2 shared cores gave 21 runs in this session (a call needs ~96 tokens), so this run cannot show a
-trainer moving held-out correctness; it shows the gym running end to end under all seven presets, the channels
-that do vary at this scale (safety: calls to functions that do not exist; efficiency), and it is the command to
-run at SCALE=gpu, where the claim can be tested.
+One step of one group of four is what 2 shared cores gave 21 runs in this session (a call needs ~96 tokens), so
+this run cannot show a trainer moving held-out correctness; it shows the gym running end to end under all seven
+presets, the channels that do vary at this scale (safety: calls to functions that do not exist; efficiency), and it
+is the command to run at SCALE=gpu, where the claim can be tested.
 """
 
 
