@@ -189,7 +189,7 @@ class NativeDecoder:
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
         for _ in range(budget):
             with autocast_of(self.model):
-                scores = self._logits(self._forward(step_ids, step_positions, allowed, start, buffers))
+                scores = self.logits(self.forward(step_ids, step_positions, allowed, start, buffers))
             scores = scores.float()  # [A, V]
             if warp is not None:
                 scores = warp(ids, scores)
@@ -220,17 +220,17 @@ class NativeDecoder:
         buffers = KVBuffers(None, None, ids.shape[1])
         gap = logits_gap(self.model,
                          lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1],
-                         lambda: self._logits(self._forward(ids, positions, mask.bool(), 0, buffers)))
+                         lambda: self.logits(self.forward(ids, positions, mask.bool(), 0, buffers)))
         if gap is not None:
             return (f"model type {self.model.config.model_type!r}: mrl's native decoder computes other logits than "
                     f"this model's forward (largest difference {gap:.3g})")
         return None
 
-    def _forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
+    def forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
         """The decoder on positions start .. start+n-1 (ids, positions [A, n]), their keys and values written into
         `buffers`; `allowed` [A, S]: the keys each row may attend to.  -> the last position's final hidden state
         [A, H]."""
-        rows, n = ids.shape
+        n = ids.shape[1]
         end = start + n
         # [A, 1, n, end]: a query sees the keys its row allows up to itself, and always itself: a left-padding
         # query allows nothing else, and a query that attends to nothing is NaN in some SDPA kernels (a zero in
@@ -238,6 +238,13 @@ class NativeDecoder:
         query = start + torch.arange(n, device=ids.device)[:, None]  # [n, 1]
         key = torch.arange(end, device=ids.device)  # [end]
         mask = (allowed[:, None, None, :end] & (key <= query)) | (key == query)
+        return self.layers(ids, positions, mask, start, buffers)
+
+    def layers(self, ids: Tensor, positions: Tensor, mask: Tensor, start: int | Tensor, buffers) -> Tensor:
+        """The decoder on ids, positions [A, n] with the attention mask [A, 1, n, S] (True: attend), each layer's
+        keys and values stored by `buffers.write(layer, start, k, v)` (KVBuffers, or mrl.captured's static ones,
+        whose `start` is a tensor) -> the last position's final hidden state [A, H]."""
+        rows, n = ids.shape
         hidden = self.decoder.embed_tokens(ids)
         cos, sin = self.decoder.rotary_emb(hidden, positions)
         for i, layer in enumerate(self.decoder.layers):
@@ -266,7 +273,7 @@ class NativeDecoder:
             return mlp(x)
         return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
 
-    def _logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor) -> Tensor:
         return self._project(self.model.lm_head, hidden)
 
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mrl.captured import captured_decoder, first_use_check
 from mrl.config import UserError
 from mrl.decoder import NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
@@ -272,6 +273,39 @@ def auto_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_r
     return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
 
 
+def hf_greedy(model, input_ids: Tensor, attention_mask: Tensor, budget: int, stop_ids: list[int],
+              pad_id: int) -> Tensor:
+    """HF generate's greedy tokens, uncached: what the captured decoder is checked against at its first use."""
+    return hf_decode(model, input_ids, attention_mask, None, None, Sampling(budget, greedy=True), budget, stop_ids,
+                     pad_id, None)
+
+
+def captured_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
+                    sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria,
+                    draw: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """`hf_decode`'s contract by mrl's captured decoder (mrl/captured.py: static KV buffers per shape bucket, the
+    per-token step a CUDA graph on CUDA, eager elsewhere): `native_decode`'s tokens, `draw` as there.  Refused in one
+    line where its greedy tokens differ from HF generate's at its first use (mrl.captured.first_use_check)."""
+    reason = first_use_check(model, hf_greedy)
+    if reason is not None:
+        raise UserError(f"rollout.engine=captured: {reason}; set rollout.engine=hf to generate with HF generate")
+    return captured_decoder(model)(input_ids, attention_mask, cache, cache_rows, budget, sampling.warpers(),
+                                   stop_ids, pad_id, criteria, draw)
+
+
+def auto_cuda_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
+                     sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+    """`auto` on CUDA, by measurement: `captured_decode` where the captured decoder runs the model and its greedy
+    tokens equal HF generate's at its first use, else `hf_decode`; which one and why, said once per model."""
+    reason = unsupported(model) or first_use_check(model, hf_greedy)
+    if hf_model(model) not in _TOLD:
+        _TOLD.add(hf_model(model))
+        warn("rollout.engine=auto: " + (f"HF generate decodes ({reason})" if reason is not None else
+             "the captured decoder decodes (CUDA graphs: its greedy tokens equal HF generate's at its first use)"))
+    decode = hf_decode if reason is not None else captured_decode
+    return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
+
+
 _UNKNOWN_TOLD: "weakref.WeakSet[Any]" = weakref.WeakSet()  # tokenizers warn_unknown_tokens has warned about
 
 
@@ -396,9 +430,9 @@ class RolloutEngine(Protocol):
 
 class HFEngine:
     """`generate` above: mrl's own turn loop on the live training module (a shared prompt KV cache per group), each
-    turn decoded by `decode`: HF `generate` (`hf_decode`), mrl's native decoder (`native_decode`), or the native one
-    where it computes the model's logits (`auto_decode`).  Nothing to sync: it samples from the weights the optimizer
-    just stepped."""
+    turn decoded by `decode`: HF `generate` (`hf_decode`), mrl's native decoder (`native_decode`), its captured
+    variant (`captured_decode`), or the one `auto` picks (`auto_decode`, `auto_cuda_decode`).  Nothing to sync: it
+    samples from the weights the optimizer just stepped in place (the captured decoder's graphs read them there)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, decode: Decode = hf_decode):
         self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
@@ -415,23 +449,31 @@ class HFEngine:
 
 # rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live
 # policy, so an engine holding its own copy of the weights starts from the run's (a resume's included).
-def native_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
-    reason = unsupported(policy)
-    if reason is not None:
-        raise UserError(f"rollout.engine=native: mrl's native decoder cannot run this model ({reason}); "
-                        "use rollout.engine=auto or hf")
-    return HFEngine(policy, tokenizer, device, native_decode)
+def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Module, Any, torch.device], HFEngine]:
+    """The builder of `rollout.engine=name`: the turn loop with one of mrl's decoders, refused in one line for a
+    model it cannot run (mrl.decoder.unsupported)."""
+    def build(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
+        reason = unsupported(policy)
+        if reason is not None:
+            raise UserError(f"rollout.engine={name}: mrl's {name} decoder cannot run this model ({reason}); "
+                            "use rollout.engine=auto or hf")
+        return HFEngine(policy, tokenizer, device, decode)
+    return build
 
 
 def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
-    """The native decoder where it runs the model (its structure, then its logits at the first use), else HF
-    generate."""
+    """On CUDA the captured decoder where it passes its first-use check, else HF generate (`auto_cuda_decode`, said
+    in one line); elsewhere the native decoder where it runs the model (its structure, then its logits at the first
+    use), else HF generate."""
+    if device.type == "cuda":
+        return HFEngine(policy, tokenizer, device, auto_cuda_decode)
     return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
 
 
 ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], RolloutEngine]] = {
     "hf": lambda cfg, policy, tokenizer, device: HFEngine(policy, tokenizer, device),
-    "native": native_engine,
+    "native": own_decoder_engine("native", native_decode),
+    "captured": own_decoder_engine("captured", captured_decode),
     "auto": auto_engine,
 }
 

@@ -133,7 +133,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.rollout.engine not in ROLLOUT_ENGINES:
         raise UserError(f"rollout.engine={cfg.rollout.engine!r}: choose one of {', '.join(ROLLOUT_ENGINES)} (the "
                         "engine that generates rollouts, registered in mrl/rollout.py's ROLLOUT_ENGINES; auto samples "
-                        "from the training module with mrl's native decoder where it runs the model, else HF generate)")
+                        "from the training module with mrl's captured decoder on CUDA where it passes its first-use "
+                        "check, mrl's native decoder elsewhere where it runs the model, else HF generate)")
     t, a = cfg.trainer, cfg.algo
     estimator = ESTIMATORS[a.advantage.value]
     if estimator.group_relative and t.group_size < 2:
