@@ -39,10 +39,10 @@ SWEEPS = [("runs", ["grpo", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"], {"
 PREFIX = "rewards.task.answer_prefix='<tool_call>{\"name\": \"'"
 SCALES = {
     "cpu": ["model=smollm2_local", "rewards.task.max_user_turns=2", "rewards.task.gold_functions_only=true",
-            "rewards.task.compact_docs=true", PREFIX, "rewards.task.max_calls_per_turn=3",
+            "rewards.task.compact_docs=true", "rewards.task.fewshot=1", PREFIX, "rewards.task.max_calls_per_turn=3",
             "rewards.task.max_eval_entries=4", "trainer.max_steps=1", "trainer.eval_every=1",
             "trainer.eval_prompts=4", "trainer.eval_samples=0", "trainer.prompts_per_step=1", "trainer.group_size=4",
-            "trainer.micro_batch_size=4", "trainer.max_new_tokens=96", "trainer.max_tool_tokens=128",
+            "trainer.micro_batch_size=4", "trainer.max_new_tokens=128", "trainer.max_tool_tokens=128",
             "trainer.temperature=0.7", "trainer.lr=1e-5", "algo.max_gen_batches=2"],
     "gpu": ["model=qwen3_0_6b", f"model.name_or_path={os.environ.get('MODEL', 'models/qwen3-0.6b')}",
             "rewards.task.max_eval_entries=40", "trainer.max_steps=100", "trainer.eval_every=25",
@@ -168,7 +168,7 @@ def main() -> None:
 CPU_NOTE = """
 **What a CPU run can say.** SmolLM2-135M-Instruct cannot do BFCL multi-turn (models a hundred times larger fail
 most of it): untrained, it answers in prose, and with the call prefix it mostly names functions that do not exist.
-One step of one group of four is what 2 shared cores gave 21 runs in this session (a call needs ~96 tokens), so
+One step of one group of four is what 2 shared cores gave 21 runs in this session (a call needs ~100 tokens), so
 this run cannot show a trainer moving held-out correctness; it shows the gym running end to end under all seven
 presets, the channels that do vary at this scale (safety: calls to functions that do not exist; efficiency), and it
 is the command to run at SCALE=gpu, where the claim can be tested.
