@@ -101,7 +101,7 @@ class StaticKV:
 class Bucket:
     """The static buffers of one shape and the step over them, captured in a CUDA graph on CUDA."""
 
-    def __init__(self, native: NativeDecoder, rows: int, size: int, pool):
+    def __init__(self, native: NativeDecoder, rows: int, size: int):
         self.native, self.rows, self.size = native, rows, size
         device = native.decoder.embed_tokens.weight.device
         self.kv = StaticKV(rows, size)
@@ -114,7 +114,7 @@ class Bucket:
         self.graph = None
         self.logits: Tensor | None = None  # [R, V] the step's output (the graph's own tensor once captured)
         if device.type == "cuda":
-            self.capture(pool)
+            self.capture()
 
     def step(self) -> Tensor:
         """One token for every row: its keys and values at the cursor, attention over the S keys its row allows ->
@@ -127,7 +127,8 @@ class Bucket:
         self.position.add_(1)
         return logits
 
-    def capture(self, pool) -> None:
+    def capture(self) -> None:
+        """Warm up on a side stream, then record `step` (its own memory pool: buckets replay in any order)."""
         autocast = getattr(self.native.model, "compute_autocast", None)
         context = (lambda: autocast(cache_enabled=False)) if autocast is not None else nullcontext
         stream = torch.cuda.Stream()
@@ -137,7 +138,7 @@ class Bucket:
                 self.step()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool), context():
+        with torch.cuda.graph(self.graph), context():
             self.logits = self.step()
 
     def start(self, attention_mask: Tensor, positions: Tensor) -> None:
@@ -169,7 +170,6 @@ class CapturedDecoder:
         self.native = NativeDecoder(model)
         self.model = self.native.model
         self.buckets: OrderedDict[tuple[int, int], Bucket] = OrderedDict()
-        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         self.fingerprint = weight_addresses(self.model)
 
     @property
@@ -187,7 +187,7 @@ class CapturedDecoder:
         if shape not in self.buckets:
             if len(self.buckets) >= MAX_BUCKETS:
                 self.buckets.popitem(last=False)
-            self.buckets[shape] = Bucket(self.native, *shape, self.pool)
+            self.buckets[shape] = Bucket(self.native, *shape)
         self.buckets.move_to_end(shape)
         return self.buckets[shape]
 

@@ -1,8 +1,12 @@
 """Does mrl train real-size models on a GPU, in bf16, fast enough, and do they learn?  One command, no hub.
 
     bash scripts/gpu_check.sh [--steps 3] [--archs qwen3_0_6b qwen2_5_1_5b_instruct] [--out outputs/gpu_check]
+                              [--rows 8 64 256] [--tokens 64] [--lora-rank 16] [--dry-run]
 
-For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/local_models.py) it compares mrl's
+For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/local_models.py) it measures the
+rollout engines (`measure_engines`: tokens/s of HF generate, the native decoder and the captured one at 8, 64 and
+256 rows, each as a fraction of the bandwidth bound, rows x measured copy bandwidth / weight bytes; fails where the
+captured decoder's greedy rows equal HF generate's on under 90%), compares mrl's
 native decoder with HF generate (equal tokens, time: `compare_decoders`), then runs
 `mrl train model.dtype=bfloat16 deepspeed=zero2` for a few steps of the agent task (GRPO with a KL reference, so the
 reference path runs too), prints what metrics.jsonl measured per step (rollout tokens/s, step time, peak GPU
@@ -10,7 +14,10 @@ memory, loss, KL), and checks that every loss is finite and that the float32 mas
 layer weights after `steps` updates at lr 1e-5 (in bf16 weights most updates would round away).
 The tokenizer is models/smollm2-tokenizer or models/smollm2-135m-instruct (`make smollm2`; the first is its tokenizer
 files alone, small enough to copy to a GPU box), else the built-in tiny model's (no chat template).
-About 3-4 minutes on one H200, most of it building the random-init models and DeepSpeed's start.
+Then, with `--lora-rank` > 0, the same run with LoRA adapters of that rank and `rollout.engine=captured`: its step
+time and peak memory (KL on).  About 5-7 minutes on one H200, most of it building the random-init models and
+DeepSpeed's starts.  `--dry-run` measures the engines alone, on CPU, on a tiny layout of 2 rows (seconds: the smoke
+test of this script's Python, tests/test_captured_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ from mrl.tracking import METRICS_FILE, read_metrics  # noqa: E402
 TOKENIZERS = [ROOT / "models" / "smollm2-tokenizer", ROOT / SMOLLM2_DIR]
 PRESETS = {"qwen3_0_6b": "qwen3_0_6b", "qwen2_5_1_5b_instruct": "qwen2_5_1_5b_instruct"}  # arch -> conf/model
 MIN_MOVED = 0.9
+MIN_EQUAL = 0.9  # captured vs HF generate, greedy: rows equal (bf16 kernels may round a near-tie the other way)
+DRY_LAYOUT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=512)  # --dry-run: seconds on a CPU
 SHOWN = ["perf/tokens_per_s", "perf/rollout_s", "perf/update_s", "perf/step_s", "mem/peak_mb", "loss/total", "kl"]
 
 
@@ -50,8 +60,12 @@ def tokenizer_dir() -> tuple[Path, bool]:
     return tiny_model_dir(TinyModelSpec()), False
 
 
-def train_overrides(arch: str, model_dir: Path, run_dir: Path, steps: int, chat: bool) -> list[str]:
-    return [f"model={PRESETS[arch]}", f"model.name_or_path={model_dir}", "model.dtype=bfloat16",
+def train_overrides(arch: str, model_dir: Path, run_dir: Path, steps: int, chat: bool, lora_rank: int = 0) -> list[str]:
+    """`mrl train`'s overrides for `arch`; with `lora_rank` > 0, LoRA adapters of that rank decoded by the captured
+    engine (the full run keeps `rollout.engine=auto`, which picks by measurement)."""
+    lora = [f"model.lora.r={lora_rank}", f"model.lora.alpha={2 * lora_rank}", "rollout.engine=captured"] \
+        if lora_rank else []
+    return [*lora, f"model={PRESETS[arch]}", f"model.name_or_path={model_dir}", "model.dtype=bfloat16",
             f"model.use_chat_template={str(chat).lower()}", "deepspeed=zero2", "algo=grpo", "algo.kl_coef=0.001",
             # random weights rarely tell rollouts apart: the entropy bonus gives every step a gradient
             "algo.entropy_coef=0.001", f"trainer.max_steps={steps}", f"trainer.save_every={steps}",
@@ -123,6 +137,102 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     return problems
 
 
+def layout_model(arch: str, device: torch.device, **overrides):
+    """A random-init model of `arch`'s layout (mrl.local_models.ARCHITECTURES, `overrides` shrinking it) built from
+    its config, no download, no tokenizer: bf16 weights on a GPU (as DeepSpeed's bf16 mode holds them), float32 on a
+    CPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mrl.local_models import ARCHITECTURES
+
+    config = AutoConfig.for_model(**{**ARCHITECTURES[arch], **overrides}, pad_token_id=0, eos_token_id=1)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 ** 30) -> float:
+    """Bytes per second a copy of `nbytes` within `device` moves (each byte read once and written once: 2 x nbytes
+    per copy), the best of 5."""
+    source = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = math.inf
+    for _ in range(6):  # the first one warms up
+        synchronize(device)
+        start = time.perf_counter()
+        target.copy_(source)
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8, 64, 256), tokens: int = 64,
+                    prompt: int = 64, bandwidth: float | None = None) -> tuple[list[dict], list[str]]:
+    """Tokens/s of HF generate, the native decoder and the captured one on `model` (sampled at temperature 1 with
+    HF's draw, no row stopping, `prompt` tokens of random prompts each, half left-padded by 5; the timed call is the
+    second, the first warming up and capturing), each as a fraction of the bandwidth bound: rows x `bandwidth`
+    (measured when None) / the weights' bytes, the tokens/s at which each step reads the weights once (KV reads,
+    the prompt and sampling left out: the bound is generous).  Also the share of greedy rows where the captured
+    decoder's tokens are HF generate's.  -> (one dict per rows and engine, what went wrong: under MIN_EQUAL)."""
+    from mrl.decoder import multinomial
+    from mrl.rollout import Sampling, captured_decode, hf_decode, native_decode
+
+    engines = {"hf": hf_decode, "native": functools.partial(native_decode, draw=multinomial),
+               "captured": functools.partial(captured_decode, draw=multinomial)}
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = bandwidth or copy_bandwidth(device)
+    vocab = model.config.vocab_size
+    stop_ids, pad = [vocab], 0  # no token stops: every row decodes `tokens`
+    results, problems = [], []
+    for rows in rows_list:
+        generator = torch.Generator().manual_seed(rows)
+        ids = torch.randint(2, vocab, (rows, prompt), generator=generator).to(device)
+        mask = torch.ones_like(ids)
+        mask[: rows // 2, :5] = 0
+        ids = ids.masked_fill(mask == 0, pad)
+        greedy = Sampling(tokens, greedy=True)
+        expected, computed = (decode(model, ids, mask, None, None, greedy, tokens, stop_ids, pad, None)
+                              for decode in (hf_decode, engines["captured"]))
+        equal = (expected == computed).all(1).float().mean().item()
+        if equal < MIN_EQUAL:
+            problems.append(f"captured decoder, {rows} rows greedy: only {equal:.0%} of rows equal HF generate's "
+                            f"(want >= {MIN_EQUAL:.0%})")
+        for name, decode in engines.items():
+            for _ in range(2):  # warm-up (the captured decoder's capture), then timed
+                torch.manual_seed(0)
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                synchronize(device)
+                start = time.perf_counter()
+                out = decode(model, ids, mask, None, None, Sampling(tokens), tokens, stop_ids, pad, None)
+                synchronize(device)
+                seconds = time.perf_counter() - start
+            generated = rows * (out.shape[1] - prompt)
+            peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda" else None
+            results.append({"rows": rows, "engine": name, "tokens_per_s": generated / seconds, "seconds": seconds,
+                            "bound_fraction": generated / seconds / (rows * bandwidth / weights), "peak_mb": peak,
+                            "greedy_equal": equal if name == "captured" else None})
+    return results, problems
+
+
+def print_engines(arch: str, results: list[dict]) -> None:
+    """The measured table, as the README shows it."""
+    print("  | layout | rows | engine | tokens/s | of the bound | x HF generate | peak MiB | greedy rows = HF |")
+    print("  |---|---|---|---|---|---|---|---|")
+    hf = {r["rows"]: r["tokens_per_s"] for r in results if r["engine"] == "hf"}
+    for r in results:
+        equal = "" if r["greedy_equal"] is None else f"{r['greedy_equal']:.0%}"
+        peak = "-" if r["peak_mb"] is None else f"{r['peak_mb']:,.0f}"
+        print(f"  | {arch} | {r['rows']} | {r['engine']} | {r['tokens_per_s']:,.0f} | {r['bound_fraction']:.1%} | "
+              f"{r['tokens_per_s'] / hf[r['rows']]:.1f} | {peak} | {equal} |")
+
+
 def print_metrics(run_dir: Path) -> None:
     print("  step | " + " | ".join(SHOWN))
     for record in read_metrics(run_dir / METRICS_FILE):
@@ -135,7 +245,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--archs", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "gpu_check")
+    parser.add_argument("--rows", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--lora-rank", type=int, default=16, help="0: no LoRA run")
+    parser.add_argument("--dry-run", action="store_true", help="the engines alone on CPU, a tiny layout, 2 rows")
     args = parser.parse_args()
+    if args.dry_run:
+        sys.exit(dry_run(args.archs))
     if not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device is visible (torch.cuda.is_available() is False); run it on a GPU machine "
                  "with a CUDA build of torch")
@@ -144,28 +260,63 @@ def main() -> None:
     tokenizer, chat = tokenizer_dir()
     print(f"tokenizer: {tokenizer}" + ("" if chat else " (the built-in tiny one: no chat template)"))
     problems = []
+    bandwidth = copy_bandwidth(torch.device("cuda"))
+    print(f"device copy bandwidth: {bandwidth / 1e12:.2f} TB/s (read + write of 1 GiB, best of 5)")
     for arch in args.archs:
         start = time.perf_counter()
         model_dir = build_random_init(arch, tokenizer, args.out / "models" / arch)
         print(f"\n{arch}: model dir {model_dir} ({time.perf_counter() - start:.0f} s)")
-        problems += [f"{arch}: {p}" for p in compare_decoders(model_dir, torch.device("cuda"))]
-        run_dir = args.out / "runs" / arch
-        shutil.rmtree(run_dir, ignore_errors=True)  # this check's own previous run
-        start = time.perf_counter()
-        command = [sys.executable, "-m", "mrl.cli", "train",
-                   *train_overrides(arch, model_dir, run_dir, args.steps, chat)]
-        print("  $ " + " ".join(command[1:]))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-        print(f"  mrl train: exit {done.returncode} after {time.perf_counter() - start:.0f} s")
-        if done.returncode != 0:
-            print(done.stdout[-3000:] + done.stderr[-3000:])
-            problems.append(f"{arch}: mrl train failed")
-            continue
-        print_metrics(run_dir)
-        problems += [f"{arch}: {p}" for p in check_run(run_dir, model_dir)]
+        device = torch.device("cuda")
+        model = layout_model(arch, device)
+        results, engine_problems = measure_engines(model, device, tuple(args.rows), args.tokens,
+                                                   bandwidth=bandwidth)
+        del model
+        torch.cuda.empty_cache()
+        print_engines(arch, results)
+        problems += [f"{arch}: {p}" for p in engine_problems]
+        problems += [f"{arch}: {p}" for p in compare_decoders(model_dir, device)]
+        for lora_rank in (0, args.lora_rank) if args.lora_rank else (0,):
+            problems += [f"{arch}: {p}" for p in train_run(arch, model_dir, args.out, args.steps, chat, lora_rank)]
     print("\n" + ("gpu_check: OK" if not problems else "gpu_check: FAILED\n  " + "\n  ".join(problems)))
     sys.exit(1 if problems else 0)
+
+
+def train_run(arch: str, model_dir: Path, out: Path, steps: int, chat: bool, lora_rank: int) -> list[str]:
+    """`mrl train` on `arch` in its own process (LoRA of `lora_rank` when > 0): prints its metrics per step (rollout
+    tokens/s, step time, peak GPU memory); returns what went wrong (the masters checked on the full run only)."""
+    run_dir = out / "runs" / (arch + (f"-lora{lora_rank}" if lora_rank else ""))
+    shutil.rmtree(run_dir, ignore_errors=True)  # this check's own previous run
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "mrl.cli", "train",
+               *train_overrides(arch, model_dir, run_dir, steps, chat, lora_rank)]
+    print("  $ " + " ".join(command[1:]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    print(f"  mrl train: exit {done.returncode} after {time.perf_counter() - start:.0f} s")
+    print("  " + "\n  ".join(line for line in done.stderr.splitlines() if "rollout.engine=" in line))
+    if done.returncode != 0:
+        print(done.stdout[-3000:] + done.stderr[-3000:])
+        return ["mrl train failed" + (f" (LoRA r={lora_rank})" if lora_rank else "")]
+    print_metrics(run_dir)
+    if lora_rank:
+        records = read_metrics(run_dir / METRICS_FILE)
+        return [f"LoRA step {r['step']}: loss/total={r['loss/total']}" for r in records
+                if r["loss/total"] is None or not math.isfinite(r["loss/total"])]
+    return check_run(run_dir, model_dir)
+
+
+def dry_run(archs: list[str]) -> int:
+    """The engines' measurement on CPU, each arch's layout shrunk to DRY_LAYOUT, 2 rows x 8 tokens: this script's
+    Python runs without a GPU.  -> the exit code."""
+    device = torch.device("cpu")
+    problems = []
+    for arch in archs:
+        results, engine_problems = measure_engines(layout_model(arch, device, **DRY_LAYOUT), device, (2,), 8,
+                                                   prompt=16, bandwidth=copy_bandwidth(device, 2 ** 24))
+        print_engines(arch, results)
+        problems += [f"{arch}: {p}" for p in engine_problems]
+    print("gpu_check --dry-run: " + ("OK" if not problems else "FAILED\n  " + "\n  ".join(problems)))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
