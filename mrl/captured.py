@@ -172,6 +172,9 @@ class CapturedDecoder:
         self.buckets: OrderedDict[tuple[int, int], Bucket] = OrderedDict()
         self.fingerprint = weight_addresses(self.model)
 
+    def __deepcopy__(self, memo) -> None:
+        return None  # a copy of the model captures its own graphs over its own weights
+
     @property
     def device(self) -> torch.device:
         return self.native.decoder.embed_tokens.weight.device
@@ -242,16 +245,19 @@ def weight_addresses(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in (*model.parameters(), *model.buffers()))
 
 
-_DECODERS: "weakref.WeakKeyDictionary[torch.nn.Module, CapturedDecoder]" = weakref.WeakKeyDictionary()
+ATTRIBUTE = "_mrl_captured_decoder"
 
 
 def captured_decoder(model) -> CapturedDecoder:
     """The captured decoder of `model` (the HF model under a peft wrapper), made once and kept with its buckets for
-    as long as the model lives."""
+    as long as the model lives: an attribute of the model (a cycle the garbage collector frees with it; a weak-keyed
+    table would keep it alive, the decoder referring to its model)."""
     model = hf_model(model)
-    if model not in _DECODERS:
-        _DECODERS[model] = CapturedDecoder(model)
-    return _DECODERS[model]
+    decoder = vars(model).get(ATTRIBUTE)
+    if decoder is None:
+        decoder = CapturedDecoder(model)
+        setattr(model, ATTRIBUTE, decoder)
+    return decoder
 
 
 _VERDICTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()

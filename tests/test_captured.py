@@ -180,3 +180,21 @@ def test_a_short_run_trains_with_the_captured_engine(make_cfg, tmp_path):
 
     final = train(make_cfg("algo=grpo", "rollout.engine=captured", "trainer.max_steps=1"), tmp_path)
     assert final["loss/policy"] is not None and final["perf/tokens_per_s"] > 0
+
+
+def test_the_decoder_lives_and_dies_with_its_model():
+    """Kept on the model (its buckets for the next call), freed with it; a deep copy of the model gets its own."""
+    import copy
+    import gc
+    import weakref
+
+    model = family_model("llama")
+    draw(captured_decode, model, GREEDY, budget=2)
+    decoder = captured.captured_decoder(model)
+    assert captured.captured_decoder(model) is decoder and decoder.buckets
+    twin = copy.deepcopy(model)
+    assert captured.captured_decoder(twin) is not decoder
+    freed = weakref.ref(decoder)
+    del model, decoder, twin
+    gc.collect()
+    assert freed() is None
