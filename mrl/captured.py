@@ -54,6 +54,8 @@ from mrl.precision import autocast_of
 ROWS_MIN = 8  # rows of the smallest bucket
 LENGTH_QUANTUM = 128  # keys: prompt + budget rounded up to this
 MAX_BUCKETS = 4  # shape buckets kept per model (each holds its KV buffers: rows x length x layers x 2 x heads x dim)
+KV_SHARE = 0.25  # on CUDA, kept buckets' KV buffers stay under this share of the device's memory (they outlive the
+# generation round, through the update, as a serving engine's KV pool does): older buckets go first
 WARMUP = 3  # eager steps on a side stream before capturing: cuBLAS handles and kernel choices made outside the graph
 CHECK_ROWS, CHECK_WIDTH, CHECK_TOKENS = 16, 12, 8  # the first-use check: greedy rows compared with HF generate
 CHECK_MIN_EQUAL = 0.9  # share of rows that must equal HF generate's (random weights tie logits: rounding may flip one)
@@ -115,6 +117,10 @@ class Bucket:
         self.logits: Tensor | None = None  # [R, V] the step's output (the graph's own tensor once captured)
         if device.type == "cuda":
             self.capture()
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.kv.keys, *self.kv.values))
 
     def step(self) -> Tensor:
         """One token for every row: its keys and values at the cursor, attention over the S keys its row allows ->
@@ -188,11 +194,20 @@ class CapturedDecoder:
             self.fingerprint = fingerprint
         shape = bucket_shape(rows, length)
         if shape not in self.buckets:
-            if len(self.buckets) >= MAX_BUCKETS:
+            limit = kv_limit(self.device)
+            while self.buckets and (len(self.buckets) >= MAX_BUCKETS or sum(
+                    b.kv_bytes for b in self.buckets.values()) + self.kv_bound(*shape) > limit):
                 self.buckets.popitem(last=False)
             self.buckets[shape] = Bucket(self.native, *shape)
         self.buckets.move_to_end(shape)
         return self.buckets[shape]
+
+    def kv_bound(self, rows: int, size: int) -> int:
+        """At most the bytes of a bucket's KV buffers (float32 keys and values), before it exists."""
+        config = self.model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        return 2 * config.num_hidden_layers * rows * heads * size * head_dim * 4
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
                  warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None,
@@ -238,6 +253,14 @@ class CapturedDecoder:
                 break
             scores = bucket.replay(token)
         return ids
+
+
+def kv_limit(device: torch.device) -> float:
+    """Bytes the kept buckets' KV buffers may take on `device`: KV_SHARE of a GPU's memory; a CPU's: no limit (the
+    eager step's buckets are small, and MAX_BUCKETS bounds them)."""
+    if device.type != "cuda":
+        return float("inf")
+    return KV_SHARE * torch.cuda.get_device_properties(device).total_memory
 
 
 def weight_addresses(model: torch.nn.Module) -> tuple[int, ...]:

@@ -118,6 +118,11 @@ def test_buckets_survive_in_place_updates_and_are_dropped_when_a_weight_moves(mo
     for length in (1, 130, 260):
         decoder.bucket(3, length)
     assert list(decoder.buckets) == [(8, 256), (8, 384)]
+    # KV buffers: 2 layers x (keys, values) x 8 rows x 2 heads x 384 keys x 16 dims x 4 bytes, within the bound
+    assert decoder.buckets[(8, 384)].kv_bytes == 2 * 2 * 8 * 2 * 384 * 16 * 4 == decoder.kv_bound(8, 384)
+    monkeypatch.setattr(captured, "kv_limit", lambda device: decoder.kv_bound(8, 512) + 1)  # room for one
+    decoder.bucket(3, 500)
+    assert list(decoder.buckets) == [(8, 512)]
 
 
 def test_adapters_act_in_the_captured_decoder_and_their_updates_reach_it():
