@@ -309,7 +309,8 @@ def train_traces(run: Run, label: str, key: str, smooth: int, style: tuple[str, 
     colour, dash = style
     hover = f"<b>{label}</b><br>step %{{x}}<br>{key}: %{{y:.4~g}}"
     hover += f" (mean of {smooth})<br>raw: %{{customdata:.4~g}}<extra></extra>" if smooth > 1 else "<extra></extra>"
-    traces = [go.Scatter(x=steps, y=moving_average(values, smooth), customdata=values, mode="lines", name=label,
+    mode = "lines" if len(steps) > 1 else "markers"  # a one-step run's curve is its point
+    traces = [go.Scatter(x=steps, y=moving_average(values, smooth), customdata=values, mode=mode, name=label,
                          legendgroup=label, line=dict(color=colour, dash=dash, width=1.6), hovertemplate=hover)]
     if smooth > 1:
         traces.append(go.Scatter(x=steps, y=values, mode="lines", name=label, legendgroup=label, opacity=0.25,

@@ -126,7 +126,7 @@ def main() -> None:
     numbers = (markdown_table(["preset"] + [f"held-out {c} (final)" for c in CHANNELS], table)
                + "\n\nBefore training (every run's step-0 evaluation): "
                + ", ".join(f"{c} {v}" for c, v in base.items())
-               + "\n\nTraining rewards (mean of the last 3 steps): "
+               + "\n\nTraining rewards (mean of the last 3 steps or fewer): "
                + "; ".join(f"{r['preset']}: safety {r['train_safety']}, correctness {r['train_correctness']}"
                            for r in rows))
     thinking = thinking_holdouts(runs)
