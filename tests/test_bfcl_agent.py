@@ -356,3 +356,12 @@ def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
     sample = json.loads((tmp_path / SAMPLES_FILE).read_text().splitlines()[0])
     assert sample["prompt"].endswith('<|im_start|>assistant\n<tool_call>{"name": "')  # the answer prefix
     assert sample["tool_calls"] and all("user_turn" in c for c in sample["tool_calls"])
+
+
+def test_replay_is_reached_from_mrl_benchmarks_bfcl_too():
+    from mrl.benchmarks import bfcl
+
+    e = entry("multi_turn_base_1")
+    calls = with_extra(e, 1, ("rm", {"file_name": ".hidden_file"}))
+    assert bfcl.replay(e, calls) == gym.replay(e, calls) == \
+        {"correctness": 0.0, "turns": 0.25, "efficiency": -1 / 6, "safety": -1.0}

@@ -322,3 +322,11 @@ def gold_calls(entry: dict) -> list[Call]:
 
     return [(name, {arg: first(allowed) for arg, allowed in args.items() if first(allowed) != ""})
             for answer in entry["ground_truth"] for name, args in answer.items()]
+
+
+def replay(entry: dict, calls_per_turn: list[list[Call]]) -> dict[str, float]:
+    """BFCL multi-turn: a call sequence's bfcl_agent channels, without a model (mrl.benchmarks.bfcl_agent.replay,
+    where the multi-turn worlds live; reached from here too, BFCL's one module name)."""
+    from mrl.benchmarks import bfcl_agent  # imported here: bfcl_agent builds on this module's data readers
+
+    return bfcl_agent.replay(entry, calls_per_turn)
