@@ -47,7 +47,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl.decoder import NativeDecoder
+from mrl.decoder import NativeDecoder, next_tokens
 from mrl.models import hf_model, position_ids
 from mrl.precision import autocast_of
 
@@ -239,16 +239,7 @@ class CapturedDecoder:
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids = input_ids
         for t in range(budget):
-            scores = scores.float()  # [A, V]
-            if warp is not None:
-                token = draw(warp(ids, scores).softmax(-1))
-            else:
-                token = scores.argmax(-1)
-            token = torch.where(unfinished, token, pad_id)
-            ids = torch.cat([ids, token[:, None]], 1)
-            unfinished &= ~torch.isin(token, stops)
-            if criteria is not None:
-                unfinished &= ~criteria(ids, None).bool()
+            ids, token = next_tokens(ids, scores, warp, draw, unfinished, pad_id, stops, criteria)
             if t == budget - 1 or not unfinished.any():
                 break
             scores = bucket.replay(token)

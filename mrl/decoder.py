@@ -134,6 +134,21 @@ def mismatch(model) -> str | None:
     return _VERDICTS[model] or None
 
 
+def next_tokens(ids: Tensor, scores: Tensor, warp: Callable | None, draw: Callable[[Tensor], Tensor],
+                unfinished: Tensor, pad_id: int, stops: Tensor, criteria: Callable | None) -> tuple[Tensor, Tensor]:
+    """One decoding step's token per row, as HF generate picks it: the warped distribution's draw (the argmax when
+    `warp` is None: greedy), `pad_id` for rows already finished; appended to `ids` [A, L] -> ([A, L + 1], token
+    [A]).  `unfinished` [A] is updated in place: a row ends at a stop id or where `criteria` says so."""
+    scores = scores.float()  # [A, V]
+    token = draw(warp(ids, scores).softmax(-1)) if warp is not None else scores.argmax(-1)
+    token = torch.where(unfinished, token, pad_id)
+    ids = torch.cat([ids, token[:, None]], 1)
+    unfinished &= ~torch.isin(token, stops)
+    if criteria is not None:
+        unfinished &= ~criteria(ids, None).bool()
+    return ids, token
+
+
 class NativeDecoder:
     """Samples continuations of a batch with a KV cache, as `model.generate` does (see the module's docstring)."""
 
@@ -190,17 +205,7 @@ class NativeDecoder:
         for _ in range(budget):
             with autocast_of(self.model):
                 scores = self.logits(self.forward(step_ids, step_positions, allowed, start, buffers))
-            scores = scores.float()  # [A, V]
-            if warp is not None:
-                scores = warp(ids, scores)
-                token = self.draw(scores.softmax(-1))
-            else:
-                token = scores.argmax(-1)
-            token = torch.where(unfinished, token, pad_id)
-            ids = torch.cat([ids, token[:, None]], 1)
-            unfinished &= ~torch.isin(token, stops)
-            if criteria is not None:
-                unfinished &= ~criteria(ids, None).bool()
+            ids, token = next_tokens(ids, scores, warp, self.draw, unfinished, pad_id, stops, criteria)
             if not unfinished.any():
                 break
             start += step_ids.shape[1]
