@@ -22,8 +22,9 @@ from mrl.config import UserError
 from mrl.decoder import NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
-from mrl.protocols import Stops, ToolProtocol, first_stop, spelled_stop
+from mrl.protocols import ToolProtocol
 from mrl.rundir import warn
+from mrl.stops import Stops, first_stop, spelled_stop
 
 
 @dataclass
@@ -164,7 +165,7 @@ def own_generation_config(model):
 
 
 class StopStrings:
-    """HF stopping criterion: a row stops once its turn's text spells a stop string (protocols.first_stop's test,
+    """HF stopping criterion: a row stops once its turn's text spells a stop string (stops.first_stop's test,
     on the window of newest tokens).  Only for vocabularies that spell strings across tokens (Stops.by_text)."""
 
     def __init__(self, tokenizer, stops: Stops, start: int):

@@ -20,22 +20,15 @@ import torch
 from conftest import compose_config
 from transformers import GenerationConfig
 
+from mrl.chat_template import CALL_CLOSE, inspect_template
 from mrl.config import UserError
 from mrl.episode import Prompt, ToolCall, agent_metrics
 from mrl.loop import train
 from mrl.models import load_causal_lm, load_tokenizer
-from mrl.protocols import (
-    CALL_CLOSE,
-    END_OF_TURN,
-    ChatProtocol,
-    Stops,
-    Tool,
-    WordsProtocol,
-    first_stop,
-    inspect_template,
-)
+from mrl.protocols import ChatProtocol, Tool, WordsProtocol
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rollout import Rollouts, Sampling, StopStrings, generate
+from mrl.stops import END_OF_TURN, Stops, first_stop
 from mrl.tasks.agent_triple import AgentTriple, read_answer
 from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
 
