@@ -47,7 +47,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from mrl.decoder import NativeDecoder, next_tokens
+from mrl.decoder import DecodeRequest, NativeDecoder, next_tokens
 from mrl.models import hf_model, position_ids
 from mrl.precision import autocast_of
 
@@ -209,37 +209,34 @@ class CapturedDecoder:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         return 2 * config.num_hidden_layers * rows * heads * size * head_dim * 4
 
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
-                 warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None,
+    def __call__(self, request: DecodeRequest, warp: Callable | None,
                  draw: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """`NativeDecoder.__call__`'s contract; `draw` (probabilities [A, V] -> tokens [A]): None for the native
         decoder's own on this device, `mrl.decoder.multinomial` for HF's very tokens."""
-        if budget < 1:
-            raise ValueError(f"budget={budget}: decode at least one token")
+        if request.budget < 1:
+            raise ValueError(f"budget={request.budget}: decode at least one token")
         with torch.inference_mode():
-            ids = self._sample(input_ids, attention_mask, cache, cache_rows, budget, warp, stop_ids, pad_id,
-                               criteria, draw or self.native.draw)
+            ids = self._sample(request, warp, draw or self.native.draw)
         return ids.clone()
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
-                warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None,
-                draw: Callable[[Tensor], Tensor]) -> Tensor:
+    def _sample(self, request: DecodeRequest, warp: Callable | None, draw: Callable[[Tensor], Tensor]) -> Tensor:
+        input_ids, cache, budget = request.input_ids, request.cache, request.budget
         rows, width = input_ids.shape
         device = input_ids.device
         bucket = self.bucket(rows, width + budget)
         start = 0 if cache is None else cache.get_seq_length()
-        positions = position_ids(attention_mask)  # [A, L], as prompt_cache and policy_forward
-        bucket.start(attention_mask, positions)
+        positions = position_ids(request.attention_mask)  # [A, L], as prompt_cache and policy_forward
+        bucket.start(request.attention_mask, positions)
         if start:
-            bucket.kv.load(cache, cache_rows, start)
+            bucket.kv.load(cache, request.cache_rows, start)
         with autocast_of(self.model):  # the prompt's uncached positions, eagerly, into the bucket's buffers
             scores = self.native.logits(self.native.forward(input_ids[:, start:], positions[:, start:],
                                                             bucket.allowed[:rows], start, bucket.kv))
-        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        stops = torch.tensor(request.stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids = input_ids
         for t in range(budget):
-            ids, token = next_tokens(ids, scores, warp, draw, unfinished, pad_id, stops, criteria)
+            ids, token = next_tokens(ids, scores, warp, draw, unfinished, request.pad_id, stops, request.criteria)
             if t == budget - 1 or not unfinished.any():
                 break
             scores = bucket.replay(token)
@@ -276,8 +273,8 @@ def captured_decoder(model) -> CapturedDecoder:
 
 _VERDICTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
 
-# (model, ids [A, L], mask [A, L], budget, stop ids, pad id) -> HF generate's greedy ids [A, L + n]
-Reference = Callable[[torch.nn.Module, Tensor, Tensor, int, list[int], int], Tensor]
+# (model, an uncached request without criteria) -> HF generate's greedy ids [A, L + n]
+Reference = Callable[[torch.nn.Module, DecodeRequest], Tensor]
 
 
 def first_use_check(model, reference: Reference) -> str | None:
@@ -304,8 +301,9 @@ def _agreement(model, reference: Reference) -> str | None:
     training = model.training
     model.eval()
     try:
-        expected = reference(model, ids, mask, CHECK_TOKENS, stop_ids, pad)
-        computed = captured_decoder(model)(ids, mask, None, None, CHECK_TOKENS, None, stop_ids, pad)
+        request = DecodeRequest(ids, mask, CHECK_TOKENS, stop_ids, pad)
+        expected = reference(model, request)
+        computed = captured_decoder(model)(request, None)
     finally:
         model.train(training)
     equal = int((expected == computed).all(1).sum()) if expected.shape == computed.shape else 0

@@ -20,7 +20,8 @@ sliding-window layer included, gets a one-line reason from `unsupported` (`rollo
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -45,6 +46,24 @@ def unsupported(model) -> str | None:
             config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None):
         return f"{config.model_type} with sliding-window attention layers"
     return None
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One decoding turn: what every decoder (HF `generate`, the native and the captured one) is asked to continue.
+
+    Rows end at a token of `stop_ids` or when `criteria(ids [A, L'], None) -> [A]` says so; later tokens are
+    `pad_id`.  `cache`: an HF cache of B rows holding the first C < L positions, row `cache_rows[a]` being row a's
+    (the groups' shared prompts), or None."""
+
+    input_ids: Tensor  # [A, L] left-padded
+    attention_mask: Tensor  # [A, L]
+    budget: int  # at most this many new tokens
+    stop_ids: list[int]
+    pad_id: int
+    cache: Any = None
+    cache_rows: Tensor | None = None  # [A]
+    criteria: Callable | None = None
 
 
 def multinomial(probs: Tensor) -> Tensor:
@@ -172,40 +191,38 @@ class NativeDecoder:
                             if type(layer.mlp) in own_mlps and plain(layer.mlp)
                             and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.skinny}
 
-    def __call__(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
-                 warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None = None) -> Tensor:
-        """Continue `input_ids` [A, L] (left-padded; `attention_mask` [A, L]) by at most `budget` tokens.
+    def __call__(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
+        """Continue `request.input_ids` [A, L] by at most `request.budget` tokens (DecodeRequest's contract).
 
-        `cache`: an HF cache of B rows holding the first C < L positions, row `cache_rows[a]` being row a's (the
-        shared prompts), or None.  `warp`: a logits processor (HF's warpers) before sampling, or None for the most
-        likely token; the token is then drawn from the softmax by `self.draw`.  A row ends at a token of `stop_ids`
-        or when `criteria(ids [A, L'], None) -> [A]` says so; later tokens are `pad_id`.  Returns [A, L + n],
-        1 <= n <= budget: the loop stops when every row has ended.
+        `warp`: a logits processor (HF's warpers) before sampling, or None for the most likely token; the token is
+        then drawn from the softmax by `self.draw`.  Returns [A, L + n], 1 <= n <= budget: the loop stops when every
+        row has ended.
         """
-        if budget < 1:
-            raise ValueError(f"budget={budget}: decode at least one token")
+        if request.budget < 1:
+            raise ValueError(f"budget={request.budget}: decode at least one token")
         # Inference mode: no autograd bookkeeping per op (~10% of a small model's decode step); the ids leave as an
         # ordinary tensor.
         with torch.inference_mode():
-            ids = self._sample(input_ids, attention_mask, cache, cache_rows, budget, warp, stop_ids, pad_id, criteria)
+            ids = self._sample(request, warp)
         return ids.clone()
 
-    def _sample(self, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, budget: int,
-                warp: Callable | None, stop_ids: list[int], pad_id: int, criteria: Callable | None) -> Tensor:
+    def _sample(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
+        input_ids, cache, budget = request.input_ids, request.cache, request.budget
         rows, width = input_ids.shape
         device = input_ids.device
         start = 0 if cache is None else cache.get_seq_length()
-        buffers = KVBuffers(cache if start else None, cache_rows, width + budget)
+        buffers = KVBuffers(cache if start else None, request.cache_rows, width + budget)
         allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # the keys each row attends to
-        allowed[:, :width] = attention_mask.bool()
-        positions = position_ids(attention_mask)  # [A, L], as prompt_cache and policy_forward
-        stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        allowed[:, :width] = request.attention_mask.bool()
+        positions = position_ids(request.attention_mask)  # [A, L], as prompt_cache and policy_forward
+        stops = torch.tensor(request.stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
         for _ in range(budget):
             with autocast_of(self.model):
                 scores = self.logits(self.forward(step_ids, step_positions, allowed, start, buffers))
-            ids, token = next_tokens(ids, scores, warp, self.draw, unfinished, pad_id, stops, criteria)
+            ids, token = next_tokens(ids, scores, warp, self.draw, unfinished, request.pad_id, stops,
+                                     request.criteria)
             if not unfinished.any():
                 break
             start += step_ids.shape[1]

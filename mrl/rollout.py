@@ -19,7 +19,7 @@ from torch import Tensor
 
 from mrl.captured import captured_decoder, first_use_check
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, mismatch, unsupported
+from mrl.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
 from mrl.protocols import ToolProtocol
@@ -232,20 +232,18 @@ def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tenso
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
 
 
-def hf_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None, sampling: Sampling,
-              budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
-    """One turn's tokens by HF `generate`: `input_ids` [A, L] (left-padded; `cache` holding the first positions of
-    each row in its row `cache_rows[a]`, or None) continued by at most `budget` tokens, ending at `stop_ids` or
-    `criteria` -> [A, L + n], ended rows padded with `pad_id`."""
+def hf_decode(model, request: DecodeRequest, sampling: Sampling) -> Tensor:
+    """One turn's tokens by HF `generate`: `request.input_ids` [A, L] continued by at most `request.budget` tokens
+    (mrl.decoder.DecodeRequest's contract) -> [A, L + n], ended rows padded with `request.pad_id`."""
+    config = sampling.generation_config(request.budget, request.stop_ids, request.pad_id)
+    criteria = [request.criteria] if request.criteria is not None else None
     with own_generation_config(model):
-        return model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                              generation_config=sampling.generation_config(budget, stop_ids, pad_id),
-                              stopping_criteria=[criteria] if criteria is not None else None,
-                              **{cache_kwarg(model): _rows_of(cache, cache_rows)})
+        return model.generate(input_ids=request.input_ids, attention_mask=request.attention_mask,
+                              generation_config=config, stopping_criteria=criteria,
+                              **{cache_kwarg(model): _rows_of(request.cache, request.cache_rows)})
 
 
-def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
-                  sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria,
+def native_decode(model, request: DecodeRequest, sampling: Sampling,
                   draw: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """`hf_decode`'s contract, by mrl's native decoder (mrl/decoder.py), with less Python per token: greedy, the same
     tokens; sampled, the same distribution, drawn by `draw` (None: mrl.decoder.draw_for the device;
@@ -255,15 +253,13 @@ def native_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache
     reason = mismatch(model)
     if reason is not None:
         raise UserError(f"{reason}; set rollout.engine=hf to generate with HF generate")
-    return NativeDecoder(model, draw)(input_ids, attention_mask, cache, cache_rows, budget, sampling.warpers(),
-                                      stop_ids, pad_id, criteria)
+    return NativeDecoder(model, draw)(request, sampling.warpers())
 
 
 _TOLD: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # models auto_decode said it leaves to HF generate
 
 
-def auto_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
-                sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+def auto_decode(model, request: DecodeRequest, sampling: Sampling) -> Tensor:
     """`native_decode` where mrl's native decoder computes the model's own logits (mrl.decoder.mismatch), else
     `hf_decode` (said once per model, on stderr)."""
     reason = mismatch(model)
@@ -271,18 +267,15 @@ def auto_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_r
         _TOLD.add(hf_model(model))
         warn(f"rollout.engine=auto: {reason}; generating with HF generate instead")
     decode = native_decode if reason is None else hf_decode
-    return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
+    return decode(model, request, sampling)
 
 
-def hf_greedy(model, input_ids: Tensor, attention_mask: Tensor, budget: int, stop_ids: list[int],
-              pad_id: int) -> Tensor:
-    """HF generate's greedy tokens, uncached: what the captured decoder is checked against at its first use."""
-    return hf_decode(model, input_ids, attention_mask, None, None, Sampling(budget, greedy=True), budget, stop_ids,
-                     pad_id, None)
+def hf_greedy(model, request: DecodeRequest) -> Tensor:
+    """HF generate's greedy tokens: what the captured decoder is checked against at its first use."""
+    return hf_decode(model, request, Sampling(request.budget, greedy=True))
 
 
-def captured_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
-                    sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria,
+def captured_decode(model, request: DecodeRequest, sampling: Sampling,
                     draw: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """`hf_decode`'s contract by mrl's captured decoder (mrl/captured.py: static KV buffers per shape bucket, the
     per-token step a CUDA graph on CUDA, eager elsewhere): `native_decode`'s tokens, `draw` as there.  Refused in one
@@ -290,12 +283,10 @@ def captured_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cac
     reason = first_use_check(model, hf_greedy)
     if reason is not None:
         raise UserError(f"rollout.engine=captured: {reason}; set rollout.engine=hf to generate with HF generate")
-    return captured_decoder(model)(input_ids, attention_mask, cache, cache_rows, budget, sampling.warpers(),
-                                   stop_ids, pad_id, criteria, draw)
+    return captured_decoder(model)(request, sampling.warpers(), draw)
 
 
-def auto_cuda_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, cache_rows: Tensor | None,
-                     sampling: Sampling, budget: int, stop_ids: list[int], pad_id: int, criteria) -> Tensor:
+def auto_cuda_decode(model, request: DecodeRequest, sampling: Sampling) -> Tensor:
     """`auto` on CUDA, by measurement: `captured_decode` where the captured decoder runs the model and its greedy
     tokens equal HF generate's at its first use, else `hf_decode`; which one and why, said once per model."""
     reason = unsupported(model) or first_use_check(model, hf_greedy)
@@ -304,7 +295,7 @@ def auto_cuda_decode(model, input_ids: Tensor, attention_mask: Tensor, cache, ca
         warn("rollout.engine=auto: " + (f"HF generate decodes ({reason})" if reason is not None else
              "the captured decoder decodes (CUDA graphs: its greedy tokens equal HF generate's at its first use)"))
     decode = hf_decode if reason is not None else captured_decode
-    return decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria)
+    return decode(model, request, sampling)
 
 
 _UNKNOWN_TOLD: "weakref.WeakSet[Any]" = weakref.WeakSet()  # tokenizers warn_unknown_tokens has warned about
@@ -327,7 +318,7 @@ def warn_unknown_tokens(tokenizer, rows: list[list[int]], model) -> None:
              "(the built-in tiny model knows only its tasks' words)")
 
 
-Decode = Callable[[Any, Tensor, Tensor, Any, Tensor | None, Sampling, int, list[int], int, Any], Tensor]
+Decode = Callable[[Any, DecodeRequest, Sampling], Tensor]  # (model, one turn's request, sampling) -> ids [A, L + n]
 
 
 @torch.no_grad()
@@ -367,8 +358,9 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
         attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
         budget = max(budget_of - sum(masks[n]) for n in active)
         criteria = StopStrings(tokenizer, stops, input_ids.shape[1]) if stops.by_text else None
-        output = decode(model, input_ids, attention_mask, shared, groups, sampling, budget, stop_ids,
-                        tokenizer.pad_token_id, criteria)
+        request = DecodeRequest(input_ids, attention_mask, budget, stop_ids, tokenizer.pad_token_id, shared, groups,
+                                criteria)
+        output = decode(model, request, sampling)
         news, reasons = [], []
         for row, n in enumerate(active):
             new = output[row, input_ids.shape[1]:].tolist()[: budget_of - sum(masks[n])]

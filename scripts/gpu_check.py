@@ -37,10 +37,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mrl.checkpoint import latest_checkpoint, trained_weights  # noqa: E402
+from mrl.checkpoint import latest_checkpoint  # noqa: E402
 from mrl.config import TinyModelSpec  # noqa: E402
 from mrl.local_models import SMOLLM2_DIR, build_random_init  # noqa: E402
 from mrl.models import tiny_model_dir  # noqa: E402
+from mrl.restore import trained_weights  # noqa: E402
 from mrl.tracking import METRICS_FILE, read_metrics  # noqa: E402
 
 TOKENIZERS = [ROOT / "models" / "smollm2-tokenizer", ROOT / SMOLLM2_DIR]
@@ -104,7 +105,7 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     Prints them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU
     whose kernels may round differently from the CPU, where every row is equal)."""
     from mrl.config import ModelConfig
-    from mrl.decoder import draw_for, multinomial
+    from mrl.decoder import DecodeRequest, draw_for, multinomial
     from mrl.models import load_causal_lm
     from mrl.rollout import Sampling, hf_decode, native_decode, prompt_cache
 
@@ -116,6 +117,7 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     prompt_rows = torch.arange(rows, device=device) * 8 // rows
     ids, mask = prompts[prompt_rows], prompt_mask[prompt_rows]
     cache = prompt_cache(model, prompts, prompt_mask)  # each prompt but its last token; neither decoder changes it
+    request = DecodeRequest(ids, mask, tokens, [1], 0, cache, prompt_rows)
     native_hf_draw = functools.partial(native_decode, draw=multinomial)
     problems = []
     for name, sampling in (("greedy", Sampling(tokens, greedy=True)), ("sampled", Sampling(tokens))):
@@ -124,7 +126,7 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
         for decode in (native_hf_draw, hf_decode) + ((native_decode,) if own_draw else ()):
             torch.manual_seed(0)
             start = time.perf_counter()
-            outputs.append(decode(model, ids, mask, cache, prompt_rows, sampling, tokens, [1], 0, None))
+            outputs.append(decode(model, request, sampling))
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
@@ -180,7 +182,7 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
     (measured when None) / the weights' bytes, the tokens/s at which each step reads the weights once (KV reads,
     the prompt and sampling left out: the bound is generous).  Also the share of greedy rows where the captured
     decoder's tokens are HF generate's.  -> (one dict per rows and engine, what went wrong: under MIN_EQUAL)."""
-    from mrl.decoder import multinomial
+    from mrl.decoder import DecodeRequest, multinomial
     from mrl.rollout import Sampling, captured_decode, hf_decode, native_decode
 
     engines = {"hf": hf_decode, "native": functools.partial(native_decode, draw=multinomial),
@@ -196,9 +198,8 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
         mask = torch.ones_like(ids)
         mask[: rows // 2, :5] = 0
         ids = ids.masked_fill(mask == 0, pad)
-        greedy = Sampling(tokens, greedy=True)
-        expected, computed = (decode(model, ids, mask, None, None, greedy, tokens, stop_ids, pad, None)
-                              for decode in (hf_decode, engines["captured"]))
+        request, greedy = DecodeRequest(ids, mask, tokens, stop_ids, pad), Sampling(tokens, greedy=True)
+        expected, computed = (decode(model, request, greedy) for decode in (hf_decode, engines["captured"]))
         equal = (expected == computed).all(1).float().mean().item()
         if equal < MIN_EQUAL:
             problems.append(f"captured decoder, {rows} rows greedy: only {equal:.0%} of rows equal HF generate's "
@@ -210,7 +211,7 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
                     torch.cuda.reset_peak_memory_stats()
                 synchronize(device)
                 start = time.perf_counter()
-                out = decode(model, ids, mask, None, None, Sampling(tokens), tokens, stop_ids, pad, None)
+                out = decode(model, request, Sampling(tokens))
                 synchronize(device)
                 seconds = time.perf_counter() - start
             generated = rows * (out.shape[1] - prompt)

@@ -15,7 +15,7 @@ from test_decoder import PAD, STOP, TENSORS, draw, family_model, grouped_batch
 
 import mrl.captured as captured
 from mrl.config import UserError
-from mrl.decoder import multinomial
+from mrl.decoder import DecodeRequest, multinomial
 from mrl.episode import Prompt
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rollout import (
@@ -67,7 +67,8 @@ def test_one_token_and_a_stop_criterion():
         outs = []
         for decode in (hf_decode, captured_hf_draw):
             torch.manual_seed(0)
-            outs.append(decode(model, ids, mask, None, None, Sampling(budget), budget, [STOP], PAD, stop_at_seven))
+            request = DecodeRequest(ids, mask, budget, [STOP], PAD, criteria=stop_at_seven)
+            outs.append(decode(model, request, Sampling(budget)))
         assert torch.equal(outs[0], outs[1]) and outs[1].shape[1] <= ids.shape[1] + budget
     new = outs[1][:, ids.shape[1]:].tolist()
     stopped = [row for row in new if 7 in row and row.index(7) < len(row) - 1]
@@ -102,7 +103,7 @@ def test_buckets_survive_in_place_updates_and_are_dropped_when_a_weight_moves(mo
     draw(captured_decode, model, GREEDY)
     bucket = decoder.buckets[(16, 128)]
     ids, mask, _ = grouped_batch(groups=3, group_size=3)  # 9 rows
-    captured_decode(model, ids, mask, None, None, GREEDY, 4, [STOP], PAD, None)
+    captured_decode(model, DecodeRequest(ids, mask, 4, [STOP], PAD), GREEDY)
     assert list(decoder.buckets.values()) == [bucket]
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     model(input_ids=ids).logits.logsumexp(-1).mean().backward()

@@ -45,8 +45,8 @@ def test_fractions_of_the_bound_and_the_equal_rows_gate(monkeypatch):
         assert r["tokens_per_s"] == pytest.approx(3 * 2 / r["seconds"])
     assert results[2]["greedy_equal"] == 1.0
 
-    def shifted(model, ids, *args, **kwargs):  # one token off in every row
-        out = mrl.rollout.hf_decode(model, ids, *args)
+    def shifted(model, request, sampling, **kwargs):  # one token off in every row
+        out = mrl.rollout.hf_decode(model, request, sampling)
         out[:, -1] = (out[:, -1] + 1) % model.config.vocab_size
         return out
 

@@ -12,7 +12,15 @@ import torch
 from conftest import scale_logits
 
 from mrl.config import UserError
-from mrl.decoder import NativeDecoder, inverse_cdf, multinomial, skinny_linear, skinny_linears, unsupported
+from mrl.decoder import (
+    DecodeRequest,
+    NativeDecoder,
+    inverse_cdf,
+    multinomial,
+    skinny_linear,
+    skinny_linears,
+    unsupported,
+)
 from mrl.episode import Prompt
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, prompt_cache
@@ -62,7 +70,7 @@ def draw(decode, model, sampling: Sampling, budget: int = 12, cached: int = 0, s
         cache = prompt_cache(model, ids[distinct, :cached + 1], mask[distinct, :cached + 1])
         cache_rows = prompt_rows
     torch.manual_seed(seed)
-    return decode(model, ids, mask, cache, cache_rows, sampling, budget, [STOP], PAD, None)
+    return decode(model, DecodeRequest(ids, mask, budget, [STOP], PAD, cache, cache_rows), sampling)
 
 
 def ended_early(out: torch.Tensor, width: int) -> int:
@@ -120,7 +128,7 @@ def test_native_decode_stops_where_a_criterion_says():
     outs = []
     for decode in (hf_decode, native_hf_draw):
         torch.manual_seed(0)
-        outs.append(decode(model, ids, mask, None, None, Sampling(12), 12, [STOP], PAD, stop_at_seven))
+        outs.append(decode(model, DecodeRequest(ids, mask, 12, [STOP], PAD, criteria=stop_at_seven), Sampling(12)))
     assert torch.equal(outs[0], outs[1])
     new = outs[1][:, ids.shape[1]:].tolist()
     stopped = [row for row in new if 7 in row and row.index(7) < len(row) - 1]
@@ -248,7 +256,7 @@ def test_the_native_decoders_first_tokens_follow_the_models_distribution(sampler
     mask = torch.ones_like(ids)
     for top_k in (0, 5):
         torch.manual_seed(0)
-        out = native_decode(model, ids, mask, None, None, Sampling(1, top_k=top_k), 1, [STOP], PAD, None, sampler)
+        out = native_decode(model, DecodeRequest(ids, mask, 1, [STOP], PAD), Sampling(1, top_k=top_k), sampler)
         shares = torch.bincount(out[:, -1], minlength=probs.numel()).double() / len(out)
         expected = probs.double()
         if top_k:

@@ -351,15 +351,15 @@ def recording_decode(log: dict):
     from mrl.decoder import inverse_cdf
     from mrl.rollout import native_decode
 
-    def decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids, pad_id, criteria):
+    def decode(model, request, sampling):
         steps = []
 
         def draw(probs):
             steps.append(torch.log(probs / probs.sum(-1, keepdim=True)))  # [A, V]
             return inverse_cdf(probs)
 
-        output = native_decode(model, input_ids, attention_mask, cache, cache_rows, sampling, budget, stop_ids,
-                               pad_id, criteria, draw=draw)
+        output = native_decode(model, request, sampling, draw=draw)
+        input_ids, attention_mask = request.input_ids, request.attention_mask
         L = input_ids.shape[1]
         for a in range(len(input_ids)):
             context = input_ids[a][attention_mask[a].bool()].tolist()
