@@ -1,4 +1,6 @@
-"""The README stays true: every test its "What mrl computes" table names exists, and its `mrl train` commands run."""
+"""The README and docs/ stay true: every test the "What mrl computes" table names exists, every `mrl train` command
+of README.md and docs/*.md runs, every relative link points at a file (and heading) that exists, and the README stays
+short."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 300
 
 
-def test_every_test_the_readme_names_exists():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("### What mrl computes", 1)[1].split("\n### ", 1)[0]
+def test_every_test_the_design_notes_name_exists():
+    design = (ROOT / "docs" / "design.md").read_text()
+    section = design.split("\n## What mrl computes\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`(test_\w+)", section))
     defined = set()
     for path in (ROOT / "tests").glob("test_*.py"):
@@ -22,12 +27,64 @@ def test_every_test_the_readme_names_exists():
     assert named <= defined, sorted(named - defined)
 
 
-# --- The README's `mrl train` commands run, shrunk, so they cannot rot.
+# --- The README stays short, and no link of it or of docs/ is broken.
 
-README = ROOT / "README.md"
+def test_the_readme_is_at_most_300_lines():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move a topic to docs/"
+
+
+def _prose(text: str) -> str:
+    """Markdown without its fenced code blocks and inline code spans (where `[x](y)` and `# x` are not Markdown)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a file's headings: lowercase, punctuation dropped, spaces as hyphens; -1, -2, ... on
+    repeats."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.MULTILINE | re.DOTALL)
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", text, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def _links(path: Path) -> list[str]:
+    """The relative link targets of a Markdown file (`[text](target)`, images included), web addresses left out."""
+    targets = re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", _prose(path.read_text()))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_every_relative_link_of_the_docs_points_at_what_exists():
+    broken = []
+    for doc in DOCS:
+        for target in _links(doc):
+            file, _, anchor = target.partition("#")
+            dest = (doc.parent / file).resolve() if file else doc
+            if not dest.exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{doc.relative_to(ROOT)}: {target} (no heading #{anchor} in {dest.name})")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_links_every_docs_file():
+    linked = {(README.parent / t.partition("#")[0]).resolve() for t in _links(README)}
+    missing = [d.relative_to(ROOT) for d in DOCS[1:] if d.resolve() not in linked and d.name != "README.md"]
+    assert not missing, f"README.md links none of {missing}"
+
+
+# --- The `mrl train` commands of the README and docs/ run, shrunk, so they cannot rot.
+
 # Appended to every command that trains: one step of 2 prompts x 2 rollouts, no W&B.
 SHRINK = ["trainer.prompts_per_step=2", "trainer.group_size=2", "trainer.micro_batch_size=4", "logger=none"]
-# A command containing one of these is not run, for the reason given (each must still match a README command).
+# A command containing one of these is not run, for the reason given (each must still match a command of the docs).
 NOT_RUN = {
     "model=qwen3_0_6b": "downloads Qwen/Qwen3-0.6B from the hub and wants a GPU (scripts/gpu_check.sh covers it)",
     "model=smollm2_local": "needs `make smollm2` (a 0.5 GB model built from PyPI's GGUF); test_train_real covers it",
@@ -44,29 +101,31 @@ REWRITE = {"step_000100": "step_000001"}
 SLOW = ("-m algo=ppo,grpo,dapo,gdpo",)  # 8 runs
 
 
-def readme_commands() -> list[str]:
-    """Every `mrl train ...` command of the README: code-block lines (`\\` continuations joined, comments dropped)
-    and inline code spans."""
-    text = README.read_text()
+def doc_commands() -> list[str]:
+    """Every `mrl train ...` command of README.md and docs/*.md: code-block lines (`\\` continuations joined,
+    comments dropped) and inline code spans."""
     commands = []
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if "mrl train" in line:
-                commands.append(" ".join(line.split()))
-    commands += [" ".join(span.split()) for span in re.findall(r"`(mrl train [^`]*)`", text)]
+    for doc in DOCS:
+        text = doc.read_text()
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.sub(r"\s+#.*$", "", line).strip()
+                if "mrl train" in line:
+                    commands.append(" ".join(line.split()))
+        commands += [" ".join(span.split()) for span in re.findall(r"`(mrl train [^`]*)`", text)]
     return list(dict.fromkeys(commands))
 
 
-def readme_files(root: Path) -> None:
-    """Write the README's example files (code blocks whose first line is `# myproject/...`) under `root`."""
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", README.read_text(), flags=re.MULTILINE | re.DOTALL):
-        first = block.splitlines()[0]
-        match = re.match(r"# (myproject/\S+?)(:|$)", first)
-        if match:
-            path = root / match.group(1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(block)
+def doc_files(root: Path) -> None:
+    """Write the docs' example files (code blocks whose first line is `# myproject/...`) under `root`."""
+    for doc in DOCS:
+        for block in re.findall(r"^```[a-z]*\n(.*?)^```", doc.read_text(), flags=re.MULTILINE | re.DOTALL):
+            first = block.splitlines()[0]
+            match = re.match(r"# (myproject/\S+?)(:|$)", first)
+            if match:
+                path = root / match.group(1)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(block)
 
 
 def run_mrl(args: list[str], cwd: Path, monkeypatch) -> tuple[int, str]:
@@ -101,26 +160,27 @@ def run_mrl(args: list[str], cwd: Path, monkeypatch) -> tuple[int, str]:
 
 
 def _params():
-    for command in readme_commands():
+    for command in doc_commands():
         marks = [pytest.mark.slow] if any(s in command for s in SLOW) else []
         yield pytest.param(command, id=command[len("mrl train "):][:60] or "(none)", marks=marks)
 
 
-def test_the_readme_has_commands_and_every_skip_is_still_in_it():
-    commands = readme_commands()
+def test_the_docs_have_commands_and_every_skip_is_still_in_them():
+    commands = doc_commands()
     assert len(commands) >= 10
+    assert any("--config-dir" in c for c in commands), "the docs lost their example of a reward channel of your own"
     for key in [*NOT_RUN, *SETUP, *REWRITE, *SLOW]:
-        assert any(key in c for c in commands), f"stale entry {key!r}: no README command holds it"
+        assert any(key in c for c in commands), f"stale entry {key!r}: no command of the docs holds it"
 
 
 @pytest.mark.parametrize("command", list(_params()))
-def test_a_readme_command_runs(command, tmp_path, monkeypatch):
+def test_a_doc_command_runs(command, tmp_path, monkeypatch):
     reason = next((why for key, why in NOT_RUN.items() if key in command), None)
     if reason:
         pytest.skip(reason)
     cwd = tmp_path
-    readme_files(tmp_path)
-    data = tmp_path / "data" / "gsm8k.jsonl"  # the schema the README gives for math_length
+    doc_files(tmp_path)
+    data = tmp_path / "data" / "gsm8k.jsonl"  # the schema docs/tasks.md gives for math_length
     data.parent.mkdir()
     data.write_text("".join(f'{{"prompt": "max {a} {b} =", "answer": "{max(a, b)}"}}\n'
                             for a in range(5) for b in range(5)))
@@ -155,7 +215,9 @@ def test_a_readme_command_runs(command, tmp_path, monkeypatch):
     new_runs = set(cwd.glob("**/metrics.jsonl")) - before  # a resume into its own dir writes no new one
     jobs = math.prod(a.count(",") + 1 for a in args if "=" in a) if multirun else 1
     assert len(new_runs) == (0 if "hydra.run.dir=outputs/my-run" in command else jobs), out
-    if "--config-dir" in args:  # the README says so; and `mrl eval` finds the run's own config
+    if "--config-dir" in args:  # docs/extending.md says so; and `mrl eval` finds the run's own config
         assert "reward/no_sevens/mean" in (cwd / "run" / "metrics.jsonl").read_text()
         code, out = run_mrl(["eval", "run", "--prompts", "4", "--samples", "1"], cwd, monkeypatch)
+        assert code != 0 and "--trust-config" in out, out  # its _target_ names code outside mrl
+        code, out = run_mrl(["eval", "run", "--prompts", "4", "--samples", "1", "--trust-config"], cwd, monkeypatch)
         assert code == 0 and "no_sevens" in out, out
