@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import torch
@@ -22,7 +22,7 @@ from mrl.config import UserError
 from mrl.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
-from mrl.protocols import ToolProtocol
+from mrl.protocols import ToolProtocol, Turn
 from mrl.rundir import warn
 from mrl.stops import Stops, first_stop, spelled_stop
 
@@ -321,6 +321,51 @@ def warn_unknown_tokens(tokenizer, rows: list[list[int]], model) -> None:
 Decode = Callable[[Any, DecodeRequest, Sampling], Tensor]  # (model, one turn's request, sampling) -> ids [A, L + n]
 
 
+@dataclass
+class EpisodeState:
+    """One rollout while `generate` samples it, turn by turn (nanochat's per-row state): its tokens so far, the turns
+    the protocol read, and its environment."""
+
+    prompt: Prompt
+    group: int  # its prompt's index: its row of the shared prompt cache
+    world: Any  # the protocol's environment for this episode; None: stateless
+    max_new_tokens: int  # tokens the policy may generate, all turns together
+    ids: list[int] = field(default_factory=list)  # policy and observation tokens
+    mask: list[int] = field(default_factory=list)  # 1 where the policy generated the token
+    turns: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    ended: bool = False
+
+    @property
+    def generated(self) -> int:
+        return sum(self.mask)
+
+    @property
+    def left(self) -> int:
+        """Tokens the policy may still generate."""
+        return self.max_new_tokens - self.generated
+
+    def extend(self, new: list[int], turn: Turn) -> None:
+        """Append a turn: the policy's tokens `new` (mask 1), then the protocol's observation (mask 0)."""
+        self.ids += [*new, *turn.observation]
+        self.mask += [1] * len(new) + [0] * len(turn.observation)
+        self.turns.append(turn.text)
+        self.calls += turn.calls
+        self.ended = turn.ended
+
+    def goes_on(self, turn: Turn, max_turns: int) -> bool:
+        """Whether another turn follows `turn`, the last one: after a call's result or the user's next message (an
+        observation), unless the episode ended, within the budget and `max_turns`."""
+        return bool(turn.calls or turn.observation) and not turn.ended and self.left > 0 \
+            and len(self.turns) < max_turns
+
+    def episode(self, body: list[int], text: str, prompt_text: str) -> Episode:
+        """The finished rollout, its transcript's ids without end-of-turn tokens `body` decoded as `text`."""
+        return Episode(prompt=self.prompt, completion=text, completion_ids=body, num_tokens=self.generated,
+                       truncated=not self.ended, max_new_tokens=self.max_new_tokens, tool_calls=self.calls,
+                       turns=self.turns, observation_tokens=len(self.mask) - self.generated, prompt_text=prompt_text)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling: Sampling,
              protocol: ToolProtocol, device: torch.device, decode: Decode = hf_decode) -> Rollouts:
@@ -335,7 +380,6 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     model = hf_model(model)  # a peft model's generate keeps its own generation_config: go to the HF model
     encoded = [protocol.prompt_ids(p) for p in prompts]
     warn_unknown_tokens(tokenizer, encoded, model)
-    prompt_rows = [encoded[n // group_size] for n in range(len(prompts) * group_size)]
     # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the
     # group's rows.  Inputs are then [the prompt, left-padded to P | the episode so far, left-padded], so that
     # every row's prompt sits where the cache has it (padding in the middle is masked, positions skip it).
@@ -343,68 +387,42 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     shared = prompt_cache(model, shared_ids, shared_mask)
     stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_token_ids(model, tokenizer)))
     stop_ids = sorted(stops.end_ids | set(stops.by_id or ()))
-    budget_of = sampling.max_new_tokens
-    completions: list[list[int]] = [[] for _ in prompt_rows]  # policy and observation tokens
-    masks: list[list[int]] = [[] for _ in prompt_rows]  # 1 where the policy generated the token
-    turns: list[list[str]] = [[] for _ in prompt_rows]
-    calls: list[list[ToolCall]] = [[] for _ in prompt_rows]
-    ended = [False] * len(prompt_rows)
-    worlds = [protocol.environment(prompts[n // group_size]) for n in range(len(prompt_rows))]  # None: stateless
-    active = list(range(len(prompt_rows)))
+    states = [EpisodeState(prompt, g, protocol.environment(prompt), sampling.max_new_tokens)
+              for g, prompt in enumerate(prompts) for _ in range(group_size)]
+    active = states
     while active:
-        groups = torch.tensor([n // group_size for n in active], device=device)  # [A]
-        so_far, so_far_mask = _left_pad([completions[n] for n in active], tokenizer.pad_token_id, device)
+        groups = torch.tensor([state.group for state in active], device=device)  # [A]
+        so_far, so_far_mask = _left_pad([state.ids for state in active], tokenizer.pad_token_id, device)
         input_ids = torch.cat([shared_ids[groups], so_far], 1)  # [A, P + C]
         attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
-        budget = max(budget_of - sum(masks[n]) for n in active)
+        budget = max(state.left for state in active)
         criteria = StopStrings(tokenizer, stops, input_ids.shape[1]) if stops.by_text else None
         request = DecodeRequest(input_ids, attention_mask, budget, stop_ids, tokenizer.pad_token_id, shared, groups,
                                 criteria)
         output = decode(model, request, sampling)
         news, reasons = [], []
-        for row, n in enumerate(active):
-            new = output[row, input_ids.shape[1]:].tolist()[: budget_of - sum(masks[n])]
+        for row, state in enumerate(active):
+            new = output[row, input_ids.shape[1]:].tolist()[: state.left]
             stop = first_stop(tokenizer, new, stops)
             news.append(new if stop is None else new[: stop[0] + 1])
             reasons.append(None if stop is None else stop[1])
         still_active = []
-        for n, new, text, reason in zip(active, news, decode_texts(tokenizer, news), reasons):
-            completions[n] += new
-            masks[n] += [1] * len(new)
-            turn = protocol.turn(prompts[n // group_size], text, reason, worlds[n])
-            turns[n].append(turn.text)
-            completions[n] += turn.observation
-            masks[n] += [0] * len(turn.observation)
-            ended[n] = turn.ended
-            calls[n] += turn.calls
-            # A turn goes on after a call's result or the user's next message (an observation), within the budget.
-            if (turn.calls or turn.observation) and not turn.ended and sum(masks[n]) < budget_of \
-                    and len(turns[n]) < protocol.max_turns:
-                still_active.append(n)
+        for state, new, text, reason in zip(active, news, decode_texts(tokenizer, news), reasons):
+            turn = protocol.turn(state.prompt, text, reason, state.world)
+            state.extend(new, turn)
+            if state.goes_on(turn, protocol.max_turns):
+                still_active.append(state)
         active = still_active
 
-    rows = torch.arange(len(prompt_rows), device=device) // group_size
+    rows = torch.arange(len(states), device=device) // group_size  # [N]: each rollout's prompt
     prompt_ids, prompt_mask = shared_ids[rows], shared_mask[rows]  # [N, P]
-    end_ids = stops.end_ids
     shown = decode_texts(tokenizer, encoded, skip_special_tokens=False)
-    bodies = [[t for t in completion if t not in end_ids] for completion in completions]
-    episodes = []
-    for n, (body, text) in enumerate(zip(bodies, decode_texts(tokenizer, bodies))):
-        episodes.append(Episode(
-            prompt=prompts[n // group_size],
-            completion=text,
-            completion_ids=body,
-            num_tokens=sum(masks[n]),
-            truncated=not ended[n],
-            max_new_tokens=budget_of,
-            tool_calls=calls[n],
-            turns=turns[n],
-            observation_tokens=len(masks[n]) - sum(masks[n]),
-            prompt_text=shown[n // group_size],
-        ))
-    completion_ids = _right_pad(completions, tokenizer.pad_token_id, device)  # [N, T]
-    completion_mask = _right_pad(masks, 0, device)  # [N, T]: observations and padding are 0
-    completion_attention = _right_pad([[1] * len(c) for c in completions], 0, device)  # [N, T]: padding is 0
+    bodies = [[t for t in state.ids if t not in stops.end_ids] for state in states]
+    episodes = [state.episode(body, text, shown[state.group])
+                for state, body, text in zip(states, bodies, decode_texts(tokenizer, bodies))]
+    completion_ids = _right_pad([state.ids for state in states], tokenizer.pad_token_id, device)  # [N, T]
+    completion_mask = _right_pad([state.mask for state in states], 0, device)  # [N, T]: observations, padding: 0
+    completion_attention = _right_pad([[1] * len(state.ids) for state in states], 0, device)  # [N, T]: padding: 0
     return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, completion_attention, episodes,
                     group_size)
 
