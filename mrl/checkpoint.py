@@ -43,8 +43,7 @@ import torch
 from safetensors.torch import save_file
 
 from mrl import distributed as dist
-from mrl.engine import DS_TAG, OPTIMIZER_FILE
-from mrl.lora import adapter_weights, is_adapter_dir, is_peft, save_adapter, trained_state
+from mrl.lora import is_peft, save_adapter, trained_state
 from mrl.precision import save_model_dir
 from mrl.rundir import CHECKPOINTS, LATEST, STATE_FILE, atomic_write_text, fsync_dir, latest_checkpoint, seal_checkpoint
 
@@ -200,21 +199,3 @@ def write_checkpoint_files(directory: Path, state: dict[str, Any], actor, tokeni
     attempt(write_state)
     if failed:
         raise failed[0]
-
-
-def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The actor's weights in `checkpoint` at full precision, keyed as in mrl.models.Actor (`policy.*`): DeepSpeed's
-    float32 masters, the masters in optimizer.pt, or policy/ itself when model.dtype did not round it.  A LoRA
-    checkpoint holds the trained weights alone: the adapters (and a value head), without the base."""
-    if (checkpoint / DS_TAG).is_dir():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=DS_TAG)
-    masters = torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"]
-    if masters is not None:
-        return masters
-    if is_adapter_dir(checkpoint / "policy"):
-        return {f"policy.{k}": v for k, v in adapter_weights(checkpoint / "policy").items()}
-    from safetensors.torch import load_file
-
-    return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}

@@ -27,8 +27,8 @@ from torch import Tensor
 
 from mrl.config import CONF_DIR, TrainConfig, UserError
 from mrl.episode import Prompt
-from mrl.lora import load_for_inference
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
+from mrl.restore import load_for_inference
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.rundir import atomic_write_text, intact_checkpoint

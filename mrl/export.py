@@ -14,9 +14,10 @@ from pathlib import Path
 
 from mrl.config import UserError
 from mrl.evaluate import run_config
-from mrl.lora import is_adapter_dir, merged_policy
+from mrl.lora import is_adapter_dir
 from mrl.models import load_tokenizer, quiet_transformers
 from mrl.precision import DTYPES, save_model_dir
+from mrl.restore import merged_policy
 from mrl.rundir import intact_checkpoint
 
 

@@ -12,7 +12,7 @@ How the rest of mrl sees it:
   adapter_config.json, whose base_model_name_or_path points at the base model) plus the tokenizer; optimizer.pt or
   deepspeed/ hold the trained parameters' state only (Trainable leaves frozen weights out).  A resume loads the base
   from model.name_or_path again and the adapters from policy/, then the optimizer's state and float32 masters.
-- Inference (`mrl eval`) and `mrl export --merge` (mrl/export.py) merge the adapters into the base: `merged_policy`.
+- Inference (`mrl eval`) and `mrl export --merge` (mrl/export.py) merge the adapters into the base: `mrl.restore.merged_policy`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import nn
 from mrl.config import ModelConfig, UserError
 from mrl.engine import Trainable
 from mrl.models import Actor, load_causal_lm, resolve_model_path
-from mrl.precision import MASTER, cast_state, compute_in, precision_for
+from mrl.precision import MASTER, cast_state, precision_for
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -156,28 +156,3 @@ def adapter_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
     from peft.utils import load_peft_weights
 
     return {re.sub(r"\.(lora_[AB])\.", r".\1.default.", k): v for k, v in load_peft_weights(str(policy_dir)).items()}
-
-
-def merged_policy(checkpoint: Path, cfg: ModelConfig) -> nn.Module:
-    """A LoRA checkpoint's policy as a plain transformers model, float32, on CPU: the base at model.name_or_path with
-    the adapters merged in at full precision (their float32 masters where model.dtype rounded policy/, with or
-    without DeepSpeed: mrl.checkpoint.trained_weights)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from mrl.checkpoint import trained_weights  # mrl.checkpoint imports this module
-
-    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg), dtype=MASTER)
-    policy = PeftModel.from_pretrained(base, str(checkpoint / "policy"), torch_device="cpu")
-    adapters = {k.removeprefix("policy."): v.float() for k, v in trained_weights(checkpoint).items()
-                if k.startswith("policy.")}
-    unexpected = policy.load_state_dict(adapters, strict=False).unexpected_keys
-    assert not unexpected, f"trained weights in {checkpoint} that the adapters lack: {unexpected[:3]}"
-    return policy.merge_and_unload()
-
-
-def load_for_inference(checkpoint: Path, cfg: ModelConfig, device: torch.device) -> nn.Module:
-    """A checkpoint's policy to sample from (`mrl eval`): policy/ itself, or the base with the adapters merged."""
-    if not is_adapter_dir(checkpoint / "policy"):
-        return load_causal_lm(str(checkpoint / "policy"), cfg, device)
-    return compute_in(merged_policy(checkpoint, cfg).to(device), precision_for(cfg.dtype, device), device)

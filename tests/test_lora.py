@@ -14,14 +14,14 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 import mrl.loop
-from mrl.checkpoint import trained_weights
 from mrl.config import UserError
 from mrl.engine import OPTIMIZER_FILE
 from mrl.evaluate import evaluate
 from mrl.export import export
 from mrl.loop import train
-from mrl.lora import load_policy, merged_policy
+from mrl.lora import load_policy
 from mrl.models import Actor, cache_kwarg, checkpointed, load_causal_lm, resolve_model_path
+from mrl.restore import merged_policy, trained_weights
 from mrl.tracking import METRICS_FILE, read_metrics
 
 CPU = torch.device("cpu")

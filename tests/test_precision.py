@@ -13,12 +13,13 @@ from safetensors import safe_open
 
 import mrl.engine
 import mrl.models
-from mrl.checkpoint import latest_checkpoint, trained_weights
+from mrl.checkpoint import latest_checkpoint
 from mrl.config import UserError
 from mrl.engine import OPTIMIZER_FILE, Trainable, deepspeed_config
 from mrl.loop import train
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.precision import DTYPES, Precision, cast_state, compute_in, precision_for
+from mrl.restore import trained_weights
 from mrl.tracking import METRICS_FILE, read_metrics
 
 CPU = torch.device("cpu")
