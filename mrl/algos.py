@@ -21,6 +21,7 @@ from mrl.advantages import (
     grpo_contributions,
     masked_whiten,
 )
+from mrl.config import Bound, UserError
 
 # (rewards [B, G, K] NaN = abstained, weights [K], completion mask [N, T], values [N, T] or None,
 #  per-token KL penalty [N, T] (already times kl_coef, >= 0) or None, algo config)
@@ -71,3 +72,26 @@ ESTIMATORS: dict[str, Estimator] = {
     "gae": Estimator(_gae, lambda r, w, eps: batch_contributions(r, w), group_relative=False, needs_critic=True,
                      reward_kl=True),
 }
+
+
+def check(cfg) -> None:
+    """The algorithm against its estimator and the trainer: group size, critic, where the KL goes, overlong shaping."""
+    t, a = cfg.trainer, cfg.algo
+    estimator = ESTIMATORS[a.advantage.value]
+    if estimator.group_relative and t.group_size < 2:
+        raise UserError(f"trainer.group_size={t.group_size}: algo={a.name} normalizes within groups of rollouts, "
+                        "so it needs group_size >= 2 (try 8)")
+    if a.critic is None and estimator.needs_critic:
+        raise UserError(f"algo.advantage={a.advantage.value} needs a critic: set algo.critic=model or head")
+    if a.critic is not None and not estimator.needs_critic:
+        raise UserError(f"algo.critic={a.critic.value}: algo.advantage={a.advantage.value} takes its baseline from the "
+                        "group of rollouts and trains no critic; drop algo.critic (critic=null) or use advantage=gae")
+    if a.critic is not None:
+        Bound("algo.critic_lr", 0, strict=True,
+              fix="the critic's learning rate (the model preset's model.critic_lr by default)").check(a.critic_lr)
+    if a.kl_coef > 0 and a.kl_mode == "reward" and not estimator.reward_kl:
+        raise UserError(f"algo.kl_mode=reward with algo.advantage={a.advantage.value}: a group-relative estimator "
+                        "normalizes a per-rollout penalty away; use algo.kl_mode=loss (the KL term in the loss)")
+    if a.overlong_buffer >= t.max_new_tokens:
+        raise UserError(f"algo.overlong_buffer={a.overlong_buffer} must be < trainer.max_new_tokens="
+                        f"{t.max_new_tokens}: the penalty rises over the last overlong_buffer tokens of the budget")

@@ -19,7 +19,7 @@ import typer
 
 from mrl.distributed import exit_with_error  # imports no torch: the CLI starts fast
 
-# A run dir's .hydra/config.yaml names the code that builds its task and rewards (README: threat model).
+# A run dir's .hydra/config.yaml names the code that builds its task and rewards (docs/sandbox.md: threat model).
 TRUST_HELP = ("Build the run's task and rewards even where its .hydra/config.yaml names a _target_ outside mrl "
               "(code it runs): only for a run dir from a source you trust.")
 
@@ -70,6 +70,7 @@ def hydra_train() -> None:
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
     def main(cfg) -> None:
+        # Start-up time: torch and the trainer load once Hydra has composed the config and Preflight passed it.
         from mrl.checkpoint import CheckpointError
         from mrl.loop import train
         from mrl.rewards.channels import RewardError
@@ -119,7 +120,7 @@ def report(
 ) -> None:
     """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means; write
     the same as an interactive page (report.html) with a CSV per run of every metric."""
-    from mrl.report import ReportError, make_report
+    from mrl.report import ReportError, make_report  # start-up time: `mrl --help` imports none of it
 
     for flag, value, default in (("--last", last, 10), ("--smooth", smooth, 10)):
         if value < 1:
@@ -151,6 +152,7 @@ def evaluate(
     """Score held-out prompts, greedy and sampled: per-channel means, and accuracy and pass@k where
     rewards.pass_channel is set.  `mrl eval RUN_DIR key=value ...`: the run's newest intact checkpoint.
     `mrl eval --model DIR override ...`: a base model, no training."""
+    # Start-up time: torch and the models load only for the command that needs them (`mrl --help` stays fast).
     from mrl.config import UserError
     from mrl.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
     from mrl.evaluate import evaluate as evaluate_run
@@ -182,6 +184,7 @@ def export_cmd(
 ) -> None:
     """Write the policy as a model dir: a full fine-tune's as is; a LoRA run's adapters, or with --merge the base
     with the adapters merged, in model.dtype, with the tokenizer (loads with AutoModelForCausalLM.from_pretrained)."""
+    # Start-up time: torch and the models load only for the command that needs them (`mrl --help` stays fast).
     from mrl.config import UserError
     from mrl.export import export
 

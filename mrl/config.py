@@ -6,6 +6,7 @@ wrong type fails when the config is composed, with the key named, not 200 steps 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -19,6 +20,37 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 class UserError(ValueError):
     """A bad setting or input: the CLI prints the message alone (no traceback) and exits non-zero."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A finite number within [low, high] (an end left None is open; `strict` excludes `low`)."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+    strict: bool = False  # value > low rather than >= low
+    below_high: bool = False  # value < high rather than <= high
+    fix: str = ""
+
+    def rule(self) -> str:
+        lo = None if self.low is None else f"{'>' if self.strict else '>='} {self.low:g}"
+        hi = None if self.high is None else f"{'<' if self.below_high else '<='} {self.high:g}"
+        return " ".join(["a finite number", " and ".join(part for part in (lo, hi) if part)]).strip()
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.strict else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.below_high else value <= self.high)
+
+    def check(self, value: Any, key: str | None = None) -> None:
+        """Raise a UserError naming `key` (default: this bound's), `value`, the rule and the fix, unless it holds."""
+        key = key or self.key
+        if not self.holds(float(value)):
+            fix = f"; {self.fix}" if self.fix else ""
+            raise UserError(f"{key}={value}: must be {self.rule()}{fix}")
 
 
 class Advantage(str, Enum):
@@ -133,7 +165,7 @@ class RewardsConfig:
     # A channel that raises or returns a non-number: `raise` stops the run (after writing a checkpoint of the last
     # completed step); `drop` leaves the sample out of the update and counts it (rewards/failed_frac).
     on_error: str = "raise"
-    # Where generated code runs (the code channels): see mrl/sandbox.py and the README's threat model.
+    # Where generated code runs (the code channels): see mrl/sandbox/ and docs/sandbox.md (the threat model).
     sandbox: Sandbox = Sandbox.bwrap
     # With `drop`: a channel that fails on every sample for this many steps in a row stops the run (0: never).
     max_failed_steps: int = 3
@@ -249,7 +281,7 @@ class RolloutConfig:
     """How rollouts are generated: an engine from the registry in mrl/rollout.py (ROLLOUT_ENGINES)."""
 
     # mrl's turn loop on the training module itself, each turn decoded by: native = mrl's own decoder (Llama, Qwen2,
-    # Qwen3, Mistral), hf = HF generate, auto = native where it runs the model, else hf.  (vLLM: see the README.)
+    # Qwen3, Mistral), hf = HF generate, auto = native where it runs the model, else hf.  (vLLM: see docs/gpu.md.)
     engine: str = "auto"
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from mrl import distributed
 from mrl.config import DeepSpeedConfig, UserError
 from mrl.precision import MASTER, Precision, deepspeed_modes, grad_scaler, precision_for
 
@@ -29,8 +30,6 @@ def init_single_process_group(device: torch.device) -> None:
     group (mrl.distributed.init)."""
     import deepspeed
     import torch.distributed as dist
-
-    from mrl import distributed
 
     distributed.init()
     if dist.is_initialized():
@@ -219,3 +218,47 @@ def _gathered_zero3(engine) -> Iterator[None]:
             if coordinator is not None and not coordinator.is_invalid_trace():
                 coordinator._invalidate_trace()  # the forward calls seen inside are not the training step's
             offload._register_deepspeed_module(offload.module)
+
+
+def check(cfg) -> None:
+    """Where the run trains: `trainer.device`, and the ranks under a launcher."""
+    check_device(cfg.trainer.device)
+    _check_ranks(cfg)
+
+
+def check_device(name: str) -> None:
+    """`trainer.device` names a device torch knows, and a CUDA one only where CUDA is visible."""
+    try:
+        device = torch.device(name) if name != "auto" else None
+    except (RuntimeError, ValueError):
+        raise UserError(f"trainer.device={name!r} is not a device: use auto (cuda if present, else cpu), cpu, cuda "
+                        "or cuda:N") from None
+    if device is not None and device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"trainer.device={name!r} but no CUDA device is visible; use trainer.device=auto or cpu")
+
+
+def _check_ranks(cfg) -> None:
+    """Under a launcher (WORLD_SIZE > 1): the global batch splits into whole groups per rank, and DeepSpeed is the
+    one path that averages gradients over ranks (mrl/distributed.py)."""
+    world = distributed.world_size()
+    if world == 1:
+        return
+    if not cfg.deepspeed.enabled:
+        raise UserError(f"deepspeed=none under a launcher (WORLD_SIZE={world}): the plain PyTorch path trains one "
+                        "process and would let the ranks' weights drift apart; use "
+                        "deepspeed=zero2 (or zero1, zero3), or run on one process")
+    if cfg.trainer.prompts_per_step % world:
+        raise UserError(f"trainer.prompts_per_step={cfg.trainer.prompts_per_step} does not split over {world} ranks: "
+                        "it is the global batch, and each rank generates whole groups for an equal share; use a "
+                        f"multiple of {world} (e.g. {world * max(1, cfg.trainer.prompts_per_step // world)})")
+
+
+def pick_device(name: str) -> torch.device:
+    """`trainer.device` as the device this rank trains (or evaluates) on: auto is cuda where visible, else cpu; under
+    a launcher, one GPU per rank on its node."""
+    check_device(name)  # `mrl eval` of a GPU run on a machine without one: the same one line as train's
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and distributed.world_size() > 1:
+        name = f"cuda:{distributed.local_rank()}"
+    return torch.device(name)

@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
 from mrl.config import CONF_DIR, TrainConfig, UserError
+from mrl.engine import pick_device
 from mrl.episode import Prompt
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.restore import load_for_inference
@@ -255,8 +256,6 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     check_counts(num_prompts, samples)
     cfg = with_overrides(run_config(run_dir, trust_config), overrides)
     checkpoint = intact_checkpoint(run_dir, f"mrl eval {run_dir}")  # a damaged one is skipped, with a warning
-    from mrl.loop import pick_device  # here, not above: mrl.loop imports this module for its train-time hook
-
     quiet_transformers()
     device = pick_device(cfg.trainer.device)
     tokenizer = load_tokenizer(str(checkpoint / "policy"))
@@ -291,8 +290,6 @@ def evaluate_model(model: str, overrides: Sequence[str] = (), num_prompts: int =
         raise UserError(f"--model {model}: no such directory; give a model directory (config.json, weights, "
                         f"tokenizer) or {BUILTIN_TINY}")
     cfg = compose_for_eval(overrides, model)
-    from mrl.loop import pick_device  # here, not above: mrl.loop imports this module for its train-time hook
-
     validate(cfg)
     quiet_transformers()
     device = pick_device(cfg.trainer.device)

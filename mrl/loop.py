@@ -45,7 +45,7 @@ from mrl import distributed as dist
 from mrl.advantages import advantage_shares, distinct_per_group, first_live
 from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
-from mrl.engine import Trainable
+from mrl.engine import Trainable, pick_device
 from mrl.episode import agent_metrics, sample_records
 from mrl.evaluate import eval_metrics, nonempty_held_out, score_held_out, separate_rng, summarize
 from mrl.lora import BaseReference, load_policy, uses_lora
@@ -56,7 +56,7 @@ from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling, poli
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
-from mrl.validation import check_device, validate
+from mrl.validation import validate
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -629,12 +629,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def pick_device(name: str) -> torch.device:
-    check_device(name)  # `mrl eval` of a GPU run on a machine without one: the same one line as train's
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and dist.world_size() > 1:  # one GPU per rank on its node
-        name = f"cuda:{dist.local_rank()}"
-    return torch.device(name)

@@ -12,7 +12,8 @@ How the rest of mrl sees it:
   adapter_config.json, whose base_model_name_or_path points at the base model) plus the tokenizer; optimizer.pt or
   deepspeed/ hold the trained parameters' state only (Trainable leaves frozen weights out).  A resume loads the base
   from model.name_or_path again and the adapters from policy/, then the optimizer's state and float32 masters.
-- Inference (`mrl eval`) and `mrl export --merge` (mrl/export.py) merge the adapters into the base: `mrl.restore.merged_policy`.
+- Inference (`mrl eval`) and `mrl export --merge` (mrl/export.py) merge the adapters into the base
+  (`mrl.restore.merged_policy`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from mrl.config import ModelConfig, UserError
@@ -156,3 +158,27 @@ def adapter_weights(policy_dir: Path) -> dict[str, torch.Tensor]:
     from peft.utils import load_peft_weights
 
     return {re.sub(r"\.(lora_[AB])\.", r".\1.default.", k): v for k, v in load_peft_weights(str(policy_dir)).items()}
+
+
+def check(cfg) -> None:
+    """model.lora.target_modules: all-linear, or names that are modules of this model (peft would silently skip a
+    misspelt one as long as another name matches)."""
+    lora = cfg.model.lora
+    if lora.r == 0:
+        return
+    target = lora.target_modules
+    names = [target] if isinstance(target, str) else list(target) if OmegaConf.is_list(target) else None
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise UserError(f"model.lora.target_modules={target!r}: give all-linear, or a list of module names such as "
+                        "[q_proj,k_proj,v_proj,o_proj]")
+    if names == ["all-linear"]:
+        return
+    linear = linear_module_names(cfg.model)
+    if linear is None:  # a hub id whose config this machine cannot read: peft checks when it loads the model
+        return
+    unknown = unknown_targets(target if isinstance(target, str) else names, linear)
+    if unknown:
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise UserError(f"model.lora.target_modules: {', '.join(unknown)} matches no linear layer of "
+                        f"{cfg.model.name_or_path} (its linear layers: {', '.join(kinds)}; the output layer takes no "
+                        "adapters); fix the name, or use all-linear (every linear layer of attention and MLP)")

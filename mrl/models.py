@@ -372,3 +372,29 @@ def load_value_model(path: str, cfg: ModelConfig, device: torch.device) -> Value
     if cfg.gradient_checkpointing:
         backbone.gradient_checkpointing_enable()
     return ValueModel(compute_in(backbone.to(device), precision, device)).to(device)
+
+
+def check(cfg) -> None:
+    """The model the run trains: its directory exists (a hub id is checked when it loads), and its context holds
+    `trainer.max_new_tokens`."""
+    context = context_length(cfg.model)
+    if context is not None and cfg.trainer.max_new_tokens > context:
+        raise UserError(f"trainer.max_new_tokens={cfg.trainer.max_new_tokens} is more than the model's context of "
+                        f"{context} tokens (max_position_embeddings): give at most {context}")
+
+
+def context_length(model) -> int | None:
+    """The model's context in tokens (max_position_embeddings of the tiny spec or of a local config.json), or None
+    where it cannot be read without loading the model (a hub id).  A local directory that is missing is refused."""
+    if model.name_or_path == BUILTIN_TINY:  # built on first use: its spec says
+        path = None
+    else:
+        path = resolve_model_path(model)
+    if path is None:
+        return int(model.tiny.max_position_embeddings) if model.get("tiny") is not None else None
+    config = Path(path) / "config.json"
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value > 0 else None

@@ -489,6 +489,15 @@ ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], R
 }
 
 
+def check(cfg) -> None:
+    """`rollout.engine` names a registered engine."""
+    if cfg.rollout.engine not in ROLLOUT_ENGINES:
+        raise UserError(f"rollout.engine={cfg.rollout.engine!r}: choose one of {', '.join(ROLLOUT_ENGINES)} (the "
+                        "engine that generates rollouts, registered in mrl/rollout.py's ROLLOUT_ENGINES; auto samples "
+                        "from the training module with mrl's captured decoder on CUDA where it passes its first-use "
+                        "check, mrl's native decoder elsewhere where it runs the model, else HF generate)")
+
+
 def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
                    entropy_grad: bool = False, warp=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the

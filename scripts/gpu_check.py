@@ -223,7 +223,7 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
 
 
 def print_engines(arch: str, results: list[dict]) -> None:
-    """The measured table, as the README shows it."""
+    """The measured table, as docs/gpu.md shows it."""
     print("  | layout | rows | engine | tokens/s | of the bound | x HF generate | peak MiB | greedy rows = HF |")
     print("  |---|---|---|---|---|---|---|---|")
     hf = {r["rows"]: r["tokens_per_s"] for r in results if r["engine"] == "hf"}

@@ -12,7 +12,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from mrl.benchmarks import bfcl
+from mrl.benchmarks import bfcl, bfcl_data
 from mrl.config import UserError
 
 needs_bfcl = pytest.mark.skipif(find_spec("bfcl_eval") is None, reason="bfcl-eval not installed: run `make bfcl`")
@@ -140,7 +140,7 @@ def test_unknown_category_and_missing_package_are_user_errors(monkeypatch):
         bfcl.load_entries("simple_java")
     with pytest.raises(UserError, match="'multi_turn_base'"):
         bfcl.grade({**WEATHER, "category": "multi_turn_base"}, [])
-    monkeypatch.setattr(bfcl, "find_spec", lambda name: None)
+    monkeypatch.setattr(bfcl_data, "find_spec", lambda name: None)
     with pytest.raises(UserError, match="make bfcl"):
         bfcl.load_entries("simple_python")
 
@@ -151,7 +151,7 @@ def test_tool_schemas_map_bfcl_types_to_json_schema():
         "opts": {"type": "dict", "properties": {"mode": {"type": "string", "enum": ["car", "bike"]}},
                  "required": ["mode"], "optional": True},
         "tag": {"type": "any", "default": None}}, ["points"])}, [])
-    assert bfcl.tool_schemas(entry) == [{"type": "function", "function": {
+    assert bfcl_data.tool_schemas(entry) == [{"type": "function", "function": {
         "name": "geo.route", "description": "", "parameters": {"type": "object", "required": ["points"], "properties": {
             "points": {"type": "array", "description": "Stops.",
                        "items": {"type": "array", "items": {"type": "number"}}},
@@ -169,7 +169,7 @@ def test_load_entries_joins_ground_truth_and_schemas_are_json_schema(category):
     assert all(e["category"] == category for e in entries)
     assert all(bool(e["ground_truth"]) == (category in AST_CATEGORIES) for e in entries)
     for entry in entries:
-        for tool in bfcl.tool_schemas(entry):
+        for tool in bfcl_data.tool_schemas(entry):
             assert tool["type"] == "function" and set(tool["function"]) == {"name", "description", "parameters"}
             assert tool["function"]["parameters"]["type"] == "object"
             _assert_json_schema(tool["function"]["parameters"], f"{entry['id']}:{tool['function']['name']}")
@@ -179,7 +179,7 @@ def test_load_entries_joins_ground_truth_and_schemas_are_json_schema(category):
 def _assert_json_schema(schema, where):
     assert isinstance(schema, dict), where
     assert schema.get("type", "string") in {"object", "array", "string", "integer", "number", "boolean"}, where
-    assert set(schema) <= {"type", "properties", "items", *bfcl._SCHEMA_KEYS}, where
+    assert set(schema) <= {"type", "properties", "items", *bfcl_data._SCHEMA_KEYS}, where
     assert all(isinstance(name, str) for name in schema.get("required", [])), where
     assert isinstance(schema.get("enum", []), list), where
     for name, sub in schema.get("properties", {}).items():
@@ -195,7 +195,7 @@ def test_first_records_read_as_bfcl_writes_them():
     assert simple["ground_truth"] == [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}]
     assert bfcl.messages(simple) == [{"role": "user", "content": "Find the area of a triangle with a base of 10 units "
                                                                  "and height of 5 units."}]
-    assert bfcl.tool_schemas(simple)[0]["function"]["parameters"]["properties"]["base"] == \
+    assert bfcl_data.tool_schemas(simple)[0]["function"]["parameters"]["properties"]["base"] == \
         {"type": "integer", "description": "The base of the triangle."}
     with_system = next(e for e in bfcl.load_entries("live_simple") if e["question"][0][0]["role"] == "system")
     assert [m["role"] for m in bfcl.messages(with_system)] == ["system", "user"]

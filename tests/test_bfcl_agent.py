@@ -323,12 +323,12 @@ def test_answer_prefix_starts_the_first_reply_of_every_user_turn(hermes):
 
 
 def test_repro_agent_cpu_settings_compose_for_every_preset(monkeypatch):
-    from mrl import validation
+    from mrl import models
     from mrl.repro.agent import PRESETS, SCALES, SWEEPS
     from mrl.validation import validate
 
     if not (SMOLLM2 / "config.json").exists():  # the model dir exists once `make smollm2` built it; values checked
-        monkeypatch.setattr(validation, "_check_inputs", lambda cfg: None)
+        monkeypatch.setattr(models, "check", lambda cfg: None)
 
     assert sorted(p for _, presets, _ in SWEEPS for p in presets) == sorted(PRESETS)
     for _, presets, own in SWEEPS:

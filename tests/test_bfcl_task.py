@@ -9,7 +9,7 @@ import pytest
 from conftest import compose_config
 from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model fixtures
 
-from mrl.benchmarks import bfcl
+from mrl.benchmarks import bfcl, bfcl_data
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.protocols import ChatProtocol
@@ -45,7 +45,7 @@ def test_the_held_out_split_is_fixed_by_record_id(simple):
 def test_a_prompt_carries_the_records_tools_messages_and_ground_truth(simple):
     entry = simple.eval[0]
     prompt = simple.eval_prompts()[0]
-    assert prompt.tools == bfcl.tool_schemas(entry) and prompt.messages == bfcl.messages(entry)
+    assert prompt.tools == bfcl_data.tool_schemas(entry) and prompt.messages == bfcl.messages(entry)
     assert prompt.text == entry["question"][0][-1]["content"]
     assert prompt.meta == {k: entry[k] for k in ("id", "category", "ground_truth", "function")}
 

@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from mrl.config import UserError
 from mrl.evaluate import run_config
 from mrl.loop import train
-from mrl.rewards.channels import build_reward_set
-from mrl.validation import check_yaml_syntax, configured_channels, validate
+from mrl.rewards.channels import build_reward_set, configured_channels
+from mrl.validation import check_yaml_syntax, validate
 
 MRL = [sys.executable, "-m", "mrl.cli"]
 TINY = ["trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_size=2", "logger=none"]

@@ -20,43 +20,21 @@ Deliberate difference: BFCL counts an output that is not a list of `{name: {args
 `(name, arguments)` pair is a call, so an irrelevance entry passes only with no call at all.
 """
 
-import copy
-import json
 import re
-from importlib.util import find_spec
-from pathlib import Path
 
+from mrl.benchmarks.bfcl_agent import replay  # noqa: F401  BFCL multi-turn's replay, reached by BFCL's one module name
+from mrl.benchmarks.bfcl_data import INSTALL, data_dir, read_records
 from mrl.config import UserError
 
 Call = tuple[str, dict]  # (function name as BFCL writes it, arguments)
 
-_INSTALL = "run `make bfcl` (pip install --no-deps bfcl-eval==2026.3.23)"
 # BFCL type -> the Python type its checker requires of a value ("any" is checked as a string, as BFCL does).
 _PY_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
              "dict": dict, "any": str}
-# BFCL type -> JSON-schema type; "any" constrains nothing, so its schema has no "type".
-_JSON_TYPES = {"string": "string", "integer": "integer", "float": "number", "boolean": "boolean", "array": "array",
-               "tuple": "array", "dict": "object", "any": None}
-# Schema keywords kept as they are; BFCL's own `optional` flag is dropped (`required` already says it).
-_SCHEMA_KEYS = ("description", "enum", "default", "required", "format", "minimum", "maximum", "minItems", "maxItems")
 _IGNORED_CHARS = re.compile(r"[ ,./\-_*^]")
 
 
 # ---------------------------------------------------------------------------------------------------------- data
-def data_dir() -> Path:
-    """The package's data folder, found without importing bfcl_eval (its __init__ chain needs API clients)."""
-    spec = find_spec("bfcl_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise UserError(f"BFCL data is not installed (no module bfcl_eval): {_INSTALL}.")
-    return Path(next(iter(spec.submodule_search_locations))) / "data"
-
-
-def read_records(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise UserError(f"BFCL file {path} is missing: the installed bfcl-eval is not the expected one; {_INSTALL}.")
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _check_category(category: str) -> None:
     if category not in _CHECKS:
         raise UserError(f"BFCL category {category!r} is not supported; choose one of {', '.join(CATEGORIES)} "
@@ -78,7 +56,7 @@ def load_entries(category: str) -> list[dict]:
         answers = {record["id"]: record["ground_truth"] for record in records}
     for entry in entries:
         if answers and entry["id"] not in answers:
-            raise UserError(f"BFCL entry {entry['id']} has no possible answer: reinstall the data; {_INSTALL}.")
+            raise UserError(f"BFCL entry {entry['id']} has no possible answer: reinstall the data; {INSTALL}.")
         entry["ground_truth"] = answers.get(entry["id"], [])
         entry["category"] = category
     return entries
@@ -91,34 +69,6 @@ def messages(entry: dict) -> list[dict]:
     [{'role': 'user', 'content': 'Area of a 10 x 5 triangle?'}]
     """
     return [dict(message) for message in entry["question"][0]]
-
-
-def _json_schema(bfcl: dict) -> dict:
-    """One BFCL parameter doc as JSON schema: types mapped, properties and items converted recursively."""
-    kind = bfcl.get("type")
-    if kind is not None and kind not in _JSON_TYPES:
-        raise ValueError(f"BFCL type {kind!r} is not one of {sorted(_JSON_TYPES)}: add its JSON-schema type to "
-                         "_JSON_TYPES in mrl/benchmarks/bfcl.py.")
-    schema = {"type": _JSON_TYPES[kind]} if kind is not None and _JSON_TYPES[kind] else {}
-    schema.update({key: copy.deepcopy(bfcl[key]) for key in _SCHEMA_KEYS if key in bfcl})
-    if "properties" in bfcl:
-        schema["properties"] = {name: _json_schema(doc) for name, doc in bfcl["properties"].items()}
-    if "items" in bfcl:
-        schema["items"] = _json_schema(bfcl["items"])
-    return schema
-
-
-def tool_schemas(entry: dict) -> list[dict]:
-    """The entry's functions as OpenAI-style tool declarations; names kept as BFCL writes them (dots too).
-
-    >>> tool_schemas({"function": [{"name": "math.hypot", "description": "Norm.", "parameters": {"type": "dict",
-    ...     "properties": {"x": {"type": "float"}}, "required": ["x"]}}]})[0]["function"]["parameters"]
-    {'type': 'object', 'required': ['x'], 'properties': {'x': {'type': 'number'}}}
-    """
-    return [{"type": "function",
-             "function": {"name": doc["name"], "description": doc.get("description", ""),
-                          "parameters": _json_schema(doc["parameters"])}}
-            for doc in entry["function"]]
 
 
 # ------------------------------------------------------------------------------------------------------- grading
@@ -322,11 +272,3 @@ def gold_calls(entry: dict) -> list[Call]:
 
     return [(name, {arg: first(allowed) for arg, allowed in args.items() if first(allowed) != ""})
             for answer in entry["ground_truth"] for name, args in answer.items()]
-
-
-def replay(entry: dict, calls_per_turn: list[list[Call]]) -> dict[str, float]:
-    """BFCL multi-turn: a call sequence's bfcl_agent channels, without a model (mrl.benchmarks.bfcl_agent.replay,
-    where the multi-turn worlds live; reached from here too, BFCL's one module name)."""
-    from mrl.benchmarks import bfcl_agent  # imported here: bfcl_agent builds on this module's data readers
-
-    return bfcl_agent.replay(entry, calls_per_turn)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from mrl.benchmarks.bfcl import data_dir, read_records, tool_schemas
+from mrl.benchmarks.bfcl_data import data_dir, read_records, tool_schemas
 from mrl.config import UserError
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")

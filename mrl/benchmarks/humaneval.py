@@ -53,7 +53,7 @@ from mrl.config import UserError
 from mrl.data import EpochStream, split_train_eval
 from mrl.episode import Prompt
 from mrl.sandbox import MATH, SAFE_FUNCS, SandboxLimits, passes_if_every_probe_returns, run_tests, test_error
-from mrl.tasks.code import complete_function
+from mrl.sandbox.programs import complete_function
 
 __all__ = ["load_problems", "problem_tests", "program", "grade", "HumanEvalTask", "LIMITS", "INSTALL"]
 
@@ -99,7 +99,7 @@ def _problem(task_id: str) -> dict:
 
 def program(problem: dict, completion: str) -> str:
     """The program of a completion: the prompt + the body, or the model's whole function after the prompt's imports
-    and helpers (mrl.tasks.code.complete_function)."""
+    and helpers (mrl.sandbox.programs.complete_function)."""
     return complete_function(problem["prompt"], problem["entry_point"], completion)
 
 

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mrl.report import find_runs, write_html_report
 from mrl.repro.common import REPORTS, markdown_table, read_runs, write_csv, write_summary
 
 NAME = "agent"
@@ -135,8 +136,6 @@ def main() -> None:
             f"{Path(k).name}: {v[False]:.3f} / {v[True]:.3f}" for k, v in thinking.items())
     else:
         numbers += "\n\nNo thinking holdout: this model has no thinking mode (Qwen3's `enable_thinking`)."
-
-    from mrl.report import find_runs, write_html_report
 
     html = write_html_report(find_runs([root / name for name, _, _ in SWEEPS]), root / "report.html",
                              title="repro-agent: seven presets on BFCL multi-turn (bfcl_agent)")

@@ -155,8 +155,3 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
-
-def moving_average(values: list[float], window: int = 20) -> list[float]:
-    from mrl.report import moving_average as smooth
-
-    return smooth(values, window)

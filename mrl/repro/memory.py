@@ -13,6 +13,9 @@ import shutil
 import subprocess
 import sys
 
+from mrl.algos import ESTIMATORS
+from mrl.config import CONF_DIR
+from mrl.models import load_causal_lm, resolve_model_path
 from mrl.repro.common import REPORTS, markdown_table, scale_overrides, write_csv, write_summary
 from mrl.repro.plots import pyplot
 from mrl.tracking import METRICS_FILE, read_metrics
@@ -29,10 +32,6 @@ BASELINE = ("import resource, torch, transformers, mrl.loop; "
 def model_state_mb(algo: str, overrides: list[str]) -> float:
     """Weights + gradients + two Adam moments of every trained model, weights of every frozen one, in MB."""
     from hydra import compose, initialize_config_dir
-
-    from mrl.algos import ESTIMATORS
-    from mrl.config import CONF_DIR
-    from mrl.models import load_causal_lm, resolve_model_path
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"algo={algo}", *overrides])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from mrl.repro.common import Run, moving_average
+from mrl.report import moving_average
+from mrl.repro.common import Run
 
 
 def pyplot():

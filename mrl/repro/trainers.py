@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from mrl.repro.common import REPORTS, markdown_table, moving_average, multirun, overall, write_csv, write_summary
+from mrl.report import moving_average
+from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "trainers"

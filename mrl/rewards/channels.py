@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from torch import Tensor
 
 from mrl.advantages import live_groups
-from mrl.config import UserError
+from mrl.config import Bound, UserError
 from mrl.episode import Episode
-from mrl.validation import configured_channels
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _describe(channel: str, index: int, episode: Episode, what: str) -> str:
 
 
 def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
-    """Instantiate the configured channels (checked: mrl.validation.configured_channels), apply algo.weights
+    """Instantiate the configured channels (checked: `configured_channels`), apply algo.weights
     overrides, add the algorithm's own channels."""
     channels, left_out = configured_channels(rewards_cfg, algo_cfg)
     if left_out:
@@ -241,3 +241,59 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
         specs.append(ChannelSpec("overlong", OverlongPenalty(algo_cfg.overlong_buffer), algo_cfg.overlong_penalty,
                                  shaping=True))
     return RewardSet(specs)
+
+
+CHANNEL_BOUNDS = [Bound("weight"), Bound("threshold"), Bound("gated_value"), Bound("violation_below")]
+
+
+def check(cfg) -> None:
+    """The reward channels against the algorithm (`configured_channels`), and the pass channel."""
+    check_pass_channel(cfg.rewards, list(configured_channels(cfg.rewards, cfg.algo)[0]))
+
+
+def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[str]]:
+    """({name: channel config} a run trains on, [names left out]), after checking every channel against `algo`.
+
+    Left out: the entries a preset wrote for channels these rewards do not have (`algo.shapes`: they have no `fn`).
+    Any other entry without `fn` is a misspelt or incomplete channel."""
+    channels = {name: ch for name, ch in rewards.channels.items() if not OmegaConf.is_missing(ch, "fn")}
+    left_out = [name for name in rewards.channels if name not in channels]
+    names = list(channels)
+    for name in left_out:
+        if name not in algo.shapes:
+            raise UserError(f"rewards.channels.{name} has no fn: rewards={rewards.name} has no channel {name!r} (its "
+                            f"channels: {', '.join(names) or 'none'}); fix the name, or add the channel in your "
+                            "rewards YAML with fn: {_target_: my_module.my_channel}")
+    if not channels:
+        raise UserError(f"rewards={rewards.name} defines no channels; give rewards.channels.<name>.fn")
+    for name, ch in channels.items():
+        for bound in CHANNEL_BOUNDS:
+            bound.check(ch[bound.key], f"rewards.channels.{name}.{bound.key}")
+        if ch.enforce is not None and ch.kind.value != "constraint":
+            raise UserError(f"rewards.channels.{name}.enforce needs kind: constraint (it is {ch.kind.value}); set "
+                            f"rewards.channels.{name}.kind=constraint or drop the enforce")
+        if ch.condition_on is not None and ch.condition_on not in names:
+            raise UserError(f"rewards.channels.{name}.condition_on={ch.condition_on!r} is not a channel; "
+                            f"choose one of {names}")
+    if algo.weights is not None:
+        weights = dict(algo.weights)
+        if set(weights) != set(names):
+            extra, missing = sorted(set(weights) - set(names)), sorted(set(names) - set(weights))
+            parts = [f"weights for {', '.join(extra)}, which rewards={rewards.name} does not have"] if extra else []
+            parts += [f"no weight for {', '.join(missing)}"] if missing else []  # joined with ", and "
+            raise UserError(
+                f"algo.weights has channels {sorted(weights)} but rewards={rewards.name} has {sorted(names)} "
+                f"(algo={algo.name} gives {', and '.join(parts)}); give one weight per channel, e.g. "
+                f"algo.weights={{{','.join(f'{n}:1' for n in names)}}}, or use a preset without weights (algo=grpo)")
+        for name, weight in weights.items():
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+                raise UserError(f"algo.weights.{name}={weight!r}: weights must be finite numbers")
+    return channels, left_out
+
+
+def check_pass_channel(rewards: Any, names: list[str]) -> None:
+    """`rewards.pass_channel`, when set, is one of the task's channels (`names`)."""
+    chosen = rewards.pass_channel
+    if chosen is not None and chosen not in names:
+        raise UserError(f"rewards.pass_channel={chosen!r} is not a channel of rewards={rewards.name}: choose one of "
+                        f"{', '.join(names)} (an episode passes when it is >= 1), or null for no accuracy or pass@k")

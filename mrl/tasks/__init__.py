@@ -17,8 +17,10 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from mrl.data import DatasetTask
+from mrl.config import UserError
+from mrl.data import DatasetTask, dataset_file
 from mrl.episode import Prompt
+from mrl.models import context_length
 from mrl.protocols import ToolProtocol, make_protocol
 
 
@@ -74,3 +76,30 @@ def held_out_prompts(task: Any, count: int) -> list[Prompt]:
     if hasattr(task, "eval_prompts"):
         return task.eval_prompts()[:count]
     return [task.prompt(-1 - i) for i in range(count)]
+
+
+# A token of a BPE vocabulary rarely spans more characters than this: a longer prompt cannot fit the context.
+CHARS_PER_TOKEN = 16
+
+
+def check(cfg) -> None:
+    """The dataset a run reads (`data.path`), read as the run will, before Hydra creates the run dir."""
+    if cfg.data.path:
+        dataset_file(cfg.data.path)
+        _check_dataset(cfg, context_length(cfg.model))
+
+
+def _check_dataset(cfg: DictConfig, context: int | None) -> None:
+    """Read the dataset as the run will, before Hydra creates the run dir: an empty file, a record without its
+    prompt, or a prompt no context can hold is refused here, with nothing written."""
+    task = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
+                       text_field=cfg.data.text_field)
+    if context is None:
+        return
+    limit = context * CHARS_PER_TOKEN
+    for prompt in [*task.train, *task.eval]:
+        chars = len(prompt.text) + sum(len(str(m.get("content") or "")) for m in prompt.messages or ())
+        if chars > limit:
+            raise UserError(f"dataset {cfg.data.path!r}: a prompt of {chars} characters ({prompt.text[:40]!r}...) "
+                            f"cannot fit the model's context of {context} tokens (at most ~{limit} characters): "
+                            "shorten it or drop the record")

@@ -17,6 +17,7 @@ import zlib
 from typing import Any
 
 from mrl.benchmarks import bfcl
+from mrl.benchmarks.bfcl_data import tool_schemas
 from mrl.config import UserError
 from mrl.data import EpochStream
 from mrl.episode import Prompt
@@ -89,10 +90,10 @@ class BfclTask:
         solved = [m for shot in shots for m in _solved(shot)]
         system = [m for m in messages if m["role"] == "system"]
         messages = system + solved + [m for m in messages if m["role"] != "system"]
-        tools = bfcl.tool_schemas(entry)
+        tools = tool_schemas(entry)
         for shot in shots:  # the examples' functions after the record's own, each declared once
             declared = {t["function"]["name"] for t in tools}
-            tools += [t for t in bfcl.tool_schemas(shot) if t["function"]["name"] not in declared]
+            tools += [t for t in tool_schemas(shot) if t["function"]["name"] not in declared]
         meta = {key: entry[key] for key in ("id", "category", "ground_truth", "function")}
         return Prompt(text=messages[-1]["content"], meta=meta, messages=messages, tools=tools,
                       answer_prefix=self.answer_prefix)
