@@ -116,12 +116,12 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     # Dropped rollouts and lockstep padding rows never enter a loss.
     keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
     loss_mask = mask * keep.reshape(-1, 1).to(device)
+    trained = UpdateBatch(batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
     sums, mini_batches = {}, 0
     if not collected.skip_update:  # 4. optimizer steps; then the rollout engine samples the new weights
-        sums, mini_batches = update(cfg, run.actor, run.critic, batch, loss_mask, advantages, returns, old_logprobs,
-                                    ref_logprobs, old_values)
+        sums, mini_batches = update(cfg, run.actor, run.critic, trained)
         run.engine.sync_weights(run.actor.module.policy)
     update_s = time.perf_counter() - update_start
 
@@ -437,13 +437,35 @@ def global_advantages(estimator, every: EveryRank, weights: Tensor, mask: Tensor
     return local(advantages), local(returns)
 
 
-def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: Rollouts, loss_mask: Tensor,
-           advantages: Tensor, returns: Tensor | None, old_logprobs: Tensor, ref_logprobs: Tensor | None,
-           old_values: Tensor | None) -> tuple[dict[str, float], int]:
-    """Phase 4: epochs x mini-batches x micro-batches of the clipped surrogate (and the critic's value loss).
+@dataclass
+class UpdateBatch:
+    """What the update trains on, handed from scoring (phases 2 and 3) to the update (phase 4): the rollouts and,
+    per completion token [N, T], what the loss needs of them."""
 
-    All tensors [N, T].  Returns (per-mini-batch sums of the update metrics, number of mini-batches).
-    """
+    rollouts: Rollouts
+    loss_mask: Tensor  # [N, T] generated tokens of the rows trained on (dropped rollouts, lockstep padding: 0)
+    advantages: Tensor  # [N, T]
+    returns: Tensor | None = None  # [N, T] the value loss's targets (PPO)
+    old_logprobs: Tensor | None = None  # [N, T] the sampling policy's; None: the update's own, detached
+    ref_logprobs: Tensor | None = None  # [N, T] the reference's (KL), or None
+    old_values: Tensor | None = None  # [N, T] (PPO)
+
+    @property
+    def rows(self) -> int:
+        return self.loss_mask.shape[0]
+
+    def take(self, rows: Tensor) -> "UpdateBatch":
+        """The batch at `rows` [M] (a micro-batch)."""
+        at = rows.to(self.loss_mask.device)
+        pick = lambda x: None if x is None else x[at]  # noqa: E731
+        return UpdateBatch(self.rollouts.take(rows), self.loss_mask[at], self.advantages[at], pick(self.returns),
+                           pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
+
+
+def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
+           batch: UpdateBatch) -> tuple[dict[str, float], int]:
+    """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
+    step per mini-batch.  Returns (per-mini-batch sums of the update metrics, number of mini-batches)."""
     algo, trainer = cfg.algo, cfg.trainer
     warp = Sampling.of(trainer).truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
     actor.module.train()
@@ -453,11 +475,11 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
     mini_batches = 0
     for _ in range(algo.epochs):
         # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
-        for mini in torch.randperm(loss_mask.shape[0]).tensor_split(trainer.num_mini_batches):
+        for mini in torch.randperm(batch.rows).tensor_split(trainer.num_mini_batches):
             if not len(mini):
                 continue
             mini_batches += 1
-            mini_mask = loss_mask[mini.to(loss_mask.device)]
+            mini_mask = batch.loss_mask[mini.to(batch.loss_mask.device)]
             # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
             # then the gradient of the global mini-batch (mrl.distributed.per_rank_denominator).
             tokens = dist.per_rank_denominator(mini_mask.sum().item())
@@ -465,43 +487,65 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None, batch: R
                 dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
             micros = mini.split(trainer.micro_batch_size)
             for i, rows in enumerate(micros):
-                rows_d = rows.to(loss_mask.device)
-                micro, m_mask = batch.take(rows), loss_mask[rows_d]
-                # The entropy is logged; it carries gradients only for an entropy bonus.
-                logprobs, entropy, values = policy_forward(actor, micro, trainer.temperature, entropy=True,
-                                                           entropy_grad=algo.entropy_coef != 0, warp=warp)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[rows_d]
-                pg_loss, clipped = clipped_surrogate(logprobs, old, advantages[rows_d], algo.clip_low,
-                                                     algo.clip_high)
-                loss = aggregate(pg_loss, m_mask, algo.loss_agg, denom)
-                loss = loss - algo.entropy_coef * aggregate(entropy, m_mask, algo.loss_agg, denom)
-                if ref_logprobs is not None:
-                    kl = kl_k3(logprobs, ref_logprobs[rows_d])
-                    if algo.kl_mode == "loss":
-                        loss = loss + algo.kl_coef * aggregate(kl, m_mask, algo.loss_agg, denom)
-                    accumulate(sums, "kl", token_mean_part(kl, m_mask, tokens))
-                if values is not None:  # PPO with a value head on the policy
-                    v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d], algo.value_clip),
-                                       m_mask, algo.loss_agg, denom)
-                    loss = loss + algo.vf_coef * v_loss
-                    accumulate(sums, "loss/value", v_loss.item())
+                micro = batch.take(rows)
+                loss, stats = micro_loss(algo, actor, micro, denom, tokens, trainer.temperature, warp)
                 last = i == len(micros) - 1
                 grad_norm = actor.accumulate(loss, last)
                 if critic is not None:
-                    values = value_forward(critic, micro)
-                    v_loss = aggregate(value_loss(values, old_values[rows_d], returns[rows_d], algo.value_clip),
-                                       m_mask, algo.loss_agg, denom)
+                    v_loss = micro_value_loss(algo, value_forward(critic, micro.rollouts), micro, denom)
                     critic.accumulate(v_loss, last)
-                    accumulate(sums, "loss/value", v_loss.item())
-                accumulate(sums, "loss/policy", aggregate(pg_loss.detach(), m_mask, algo.loss_agg, denom).item())
-                accumulate(sums, "loss/total", loss.item())
-                accumulate(sums, "entropy", token_mean_part(entropy, m_mask, tokens))
-                accumulate(sums, "clip_frac", token_mean_part(clipped, m_mask, tokens))
-                accumulate(sums, "policy/approx_kl", token_mean_part(kl_k3(logprobs.detach(), old), m_mask,
-                                                                     tokens))
+                    stats["loss/value"] = v_loss.item()
                 if grad_norm is not None:
-                    accumulate(sums, "grad_norm", grad_norm)
+                    stats["grad_norm"] = grad_norm
+                accumulate(sums, stats)
     return sums, mini_batches
+
+
+def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
+               warp=None) -> tuple[Tensor, dict[str, float]]:
+    """One micro-batch's part of its mini-batch's policy loss, and of the update's metrics.
+
+    loss = surrogate - entropy_coef * entropy (+ kl_coef * k3 KL with algo.kl_mode=loss) (+ vf_coef * the value
+    head's loss, PPO+head), each aggregated (algo.loss_agg) over `micro.loss_mask` and divided by the mini-batch's
+    `denom` (its tokens for token_mean, its sequences for seq_mean), so that the micro-batches' losses sum to the
+    mini-batch's.  The metrics (loss/policy, loss/total, kl, entropy, clip_frac, policy/approx_kl, loss/value) are
+    this micro-batch's parts likewise: token means over the mini-batch's `tokens`.  `actor`: the policy (an
+    mrl.models.Actor) scoring `micro.rollouts` at `temperature`, truncated by `warp` (Sampling.truncation()).
+    """
+    mask = micro.loss_mask
+    # The entropy is logged; it carries gradients only for an entropy bonus.
+    logprobs, entropy, values = policy_forward(actor, micro.rollouts, temperature, entropy=True,
+                                               entropy_grad=algo.entropy_coef != 0, warp=warp)
+    old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+    pg_loss, clipped = clipped_surrogate(logprobs, old, micro.advantages, algo.clip_low, algo.clip_high)
+    loss = aggregate(pg_loss, mask, algo.loss_agg, denom)
+    loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg, denom)
+    stats: dict[str, float] = {}
+    if micro.ref_logprobs is not None:
+        kl = kl_k3(logprobs, micro.ref_logprobs)
+        if algo.kl_mode == "loss":
+            loss = loss + algo.kl_coef * aggregate(kl, mask, algo.loss_agg, denom)
+        stats["kl"] = token_mean_part(kl, mask, tokens)
+    if values is not None:  # PPO with a value head on the policy
+        v_loss = micro_value_loss(algo, values, micro, denom)
+        loss = loss + algo.vf_coef * v_loss
+        stats["loss/value"] = v_loss.item()
+    stats.update({
+        "loss/policy": aggregate(pg_loss.detach(), mask, algo.loss_agg, denom).item(),
+        "loss/total": loss.item(),
+        "entropy": token_mean_part(entropy, mask, tokens),
+        "clip_frac": token_mean_part(clipped, mask, tokens),
+        # the ratio's k3 estimate of KL(old || new): http://joschu.net/blog/kl-approx.html
+        "policy/approx_kl": token_mean_part(kl_k3(logprobs.detach(), old), mask, tokens),
+    })
+    return loss, stats
+
+
+def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> Tensor:
+    """The clipped value loss of `values` [M, T] (the policy's value head, or PPO's separate critic) against
+    `micro.returns`, aggregated as the policy loss is (over `micro.loss_mask`, divided by the mini-batch's `denom`)."""
+    return aggregate(value_loss(values, micro.old_values, micro.returns, algo.value_clip), micro.loss_mask,
+                     algo.loss_agg, denom)
 
 
 def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, estimator, algo,
@@ -574,8 +618,10 @@ def dead_frac(live: Tensor) -> float:
     return (~live).float().mean().item()
 
 
-def accumulate(sums: dict[str, float], key: str, value: float) -> None:
-    sums[key] = sums.get(key, 0.0) + value
+def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
+    """Add `stats` into `sums`, key by key."""
+    for key, value in stats.items():
+        sums[key] = sums.get(key, 0.0) + value
 
 
 def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:

@@ -60,7 +60,7 @@ def grads(out: str, stage: int) -> None:
     from mrl import distributed as dist
     from mrl.algos import ESTIMATORS
     from mrl.config import CONF_DIR
-    from mrl.loop import build_models, collect, lockstep_batch, seed_everything, update
+    from mrl.loop import UpdateBatch, build_models, collect, lockstep_batch, seed_everything, update
     from mrl.rewards.channels import build_reward_set
     from mrl.rollout import HFEngine
     from mrl.tasks import build_task
@@ -95,7 +95,7 @@ def grads(out: str, stage: int) -> None:
         keep = dist.pad_to(torch.ones(len(rows)), (mask.shape[0],))
         adv = dist.pad_to(advantages[rows][:, :mine.completion_ids.shape[1]], mask.shape)
         torch.manual_seed(3)  # the mini-batch permutation
-        sums, _ = update(cfg, actor, None, local, mask * keep[:, None], adv, None, None, None, None)
+        sums, _ = update(cfg, actor, None, UpdateBatch(local, mask * keep[:, None], adv))
         sums = dist.mean_over_ranks(sums)
         with actor.whole():
             weights = {k: v.detach().float() for k, v in actor.module.state_dict().items()}

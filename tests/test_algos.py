@@ -14,7 +14,7 @@ from conftest import ALGOS
 from mrl.algos import ESTIMATORS
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
-from mrl.loop import build_models, score_rollouts, single_update, update
+from mrl.loop import UpdateBatch, build_models, score_rollouts, single_update, update
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts
 from mrl.validation import validate
@@ -62,7 +62,7 @@ def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg)
     assert 0 in best and 3 in worst, sequence_adv  # the hand ranking survives every estimator and shaping
 
     before = sequence_logprobs(actor, batch, cfg.trainer.temperature)
-    update(cfg, actor, critic, batch, loss_mask, advantages, returns, old, ref, values)
+    update(cfg, actor, critic, UpdateBatch(batch, loss_mask, advantages, returns, old, ref, values))
     moved = sequence_logprobs(actor, batch, cfg.trainer.temperature) - before
     assert all(moved[i] > 0 for i in best), (moved, sequence_adv)
     assert all(moved[i] < 0 for i in worst), (moved, sequence_adv)
@@ -128,7 +128,7 @@ def test_the_critic_trains_in_train_mode(make_cfg):
     assert modes == [False]  # scoring: eval mode
     advantages, returns = ESTIMATORS["gae"].token_advantages(HAND_REWARDS, torch.ones(3), mask, values, None,
                                                              cfg.algo)
-    update(cfg, actor, critic, batch, mask, advantages, returns, old, ref, values)
+    update(cfg, actor, critic, UpdateBatch(batch, mask, advantages, returns, old, ref, values))
     assert modes[1:] and all(modes[1:])  # the update: train mode (gradient checkpointing only acts there)
 
 
@@ -205,7 +205,8 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
                                           policy=old_pass)
         assert (old is None) == (not old_pass)
         advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
-        update(cfg, actor, critic, batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
+        trained = UpdateBatch(batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
+        update(cfg, actor, critic, trained)
         after.append({n: p.detach().clone() for n, p in actor.module.named_parameters()})
     assert sum((after[0][n] - w).abs().sum() for n, w in before.items()) > 0
     for name, weights in after[0].items():

@@ -10,11 +10,13 @@ on a second epoch.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import compose_config
 
-from mrl.loop import update
+from mrl.loop import UpdateBatch, micro_loss, update
 from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
 from mrl.rollout import Rollouts, policy_forward
 
@@ -99,7 +101,8 @@ def update_gradient(policy, micro: int, scale: float = 1.0, **settings):
     old, ref, advantages = inputs(policy, batch, mask, settings["temperature"])
     advantages = advantages * scale
     capture = GradCapture(Actor(policy))
-    update(cfg, capture, None, batch, mask, advantages, None, old, ref if settings["kl_coef"] else None, None)
+    update(cfg, capture, None, UpdateBatch(batch, mask, advantages, old_logprobs=old,
+                                           ref_logprobs=ref if settings["kl_coef"] else None))
     policy.zero_grad(set_to_none=True)
     hand_loss(policy, batch, mask, old, ref, advantages, **settings).backward()
     expected = {f"policy.{n}": p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}
@@ -146,6 +149,71 @@ def test_the_hand_batch_has_tokens_clipped_by_each_bound(policy):
     assert ((ratio < 1 - SETTINGS["clip_low"]) & (ratio > 1 - SETTINGS["clip_high"]) & (sign < 0)).any()
 
 
+# ------------------------------------------------------------------------ micro_loss's value, worked out by hand
+
+
+class GivenActor:
+    """An actor whose outputs are given, whatever the ids (mrl.models.Actor's contract for policy_forward: log-probs
+    [M, T], entropies [M, T], values [M, T + 1] or None)."""
+
+    def __init__(self, logprobs, entropy, values=None):
+        self.outputs = logprobs, entropy, values
+
+    def __call__(self, *args, **kwargs):
+        return self.outputs
+
+
+LN2, LN1_5 = math.log(2.0), math.log(1.5)
+# Two rows of a micro-batch, 3 generated tokens of the 6 in its mini-batch (of 4 sequences).  The masked-out tokens
+# carry large advantages, entropies and value errors: a loss that read them would be far off.
+MICRO_MASK = [[1, 1, 0], [1, 0, 0]]
+LOG_RATIO = [[LN1_5, -LN2, 0.0], [0.0, 0.0, 0.0]]  # ratios 1.5 (clipped at 1.28), 0.5 (clipped at 0.8), 1
+MICRO_ADVANTAGES = [[2.0, -1.0, 10.0], [0.5, 10.0, 10.0]]
+MICRO_ENTROPY = [[2.0, 1.0, 5.0], [0.5, 5.0, 5.0]]
+REF_MINUS_LOGP = [[LN2, 0.0, LN2], [-LN2, LN2, LN2]]  # k3 = 1 - ln 2, 0, ln 2 - 1/2 on the generated tokens
+VALUES = [[2.0, -1.0, 9.0], [2.5, 9.0, 9.0]]
+OLD_VALUES = [[2.0, -1.5, 9.0], [2.5, 9.0, 9.0]]  # the second token's value moved 0.5 > value_clip 0.2: clipped
+RETURNS = [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]
+# Per generated token: the clipped surrogate -min(r A, clip(r) A) = -2.56, 0.8, -0.5; the value loss
+# 0.5 max((v - R)^2, (clip(v) - R)^2) = 0.5, 0.845 (clip(v) = -1.3), 0.125.
+HAND = {  # (loss, {metric: value}) for entropy_coef 0.1, kl_coef 0.3 (in the loss), vf_coef 0.5 with a value head
+    "token_mean": ((-2.26 - 0.1 * 3.5 + 0.3 * 0.5) / 6, 1.47 / 6,
+                   {"loss/policy": -2.26 / 6, "entropy": 3.5 / 6, "kl": 0.5 / 6, "clip_frac": 2 / 6,
+                    "policy/approx_kl": (LN1_5 - 1 / 3 + 1 - LN2) / 6}),
+    # per sequence (row 0's mean over its 2 tokens, row 1's token) summed, over the mini-batch's 4 sequences
+    "seq_mean": (((-2.56 + 0.8) / 2 - 0.5 - 0.1 * (1.5 + 0.5) + 0.3 * ((1 - LN2) / 2 + LN2 - 0.5)) / 4,
+                 ((0.5 + 0.845) / 2 + 0.125) / 4,
+                 {"loss/policy": ((-2.56 + 0.8) / 2 - 0.5) / 4, "entropy": 3.5 / 6, "kl": 0.5 / 6,
+                  "clip_frac": 2 / 6, "policy/approx_kl": (LN1_5 - 1 / 3 + 1 - LN2) / 6}),
+}
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["no_value_head", "value_head"])
+@pytest.mark.parametrize("agg,denom", [("token_mean", 6.0), ("seq_mean", 4.0)])
+def test_micro_loss_is_the_number_worked_out_by_hand(agg, denom, head):
+    """micro_loss on a hand-built micro-batch, its actor's outputs given: the loss is the clipped surrogate minus
+    the entropy bonus plus KL, (plus the value head's loss), over the generated tokens only, divided by the
+    mini-batch's denominator, not the micro-batch's own count; the metrics are its parts of the token means."""
+    algo = compose_config("algo.clip_low=0.2", "algo.clip_high=0.28", f"algo.loss_agg={agg}", "algo.kl_mode=loss",
+                          "algo.entropy_coef=0.1", "algo.kl_coef=0.3", "algo.vf_coef=0.5",
+                          "algo.value_clip=0.2").algo
+    t = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]], dtype=torch.float64, requires_grad=True)
+    values = torch.cat([t(VALUES), torch.zeros(2, 1, dtype=torch.float64)], 1) if head else None  # [M, T + 1]
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    rollouts = Rollouts(ids[:, :1], torch.ones(2, 1, dtype=torch.long), ids, t(MICRO_MASK).long(),
+                        torch.ones_like(ids), [None, None], 2)
+    micro = UpdateBatch(rollouts, t(MICRO_MASK), t(MICRO_ADVANTAGES), t(RETURNS),
+                        old_logprobs=logprobs.detach() - t(LOG_RATIO),
+                        ref_logprobs=logprobs.detach() + t(REF_MINUS_LOGP), old_values=t(OLD_VALUES))
+    loss, stats = micro_loss(algo, GivenActor(logprobs, t(MICRO_ENTROPY), values), micro, denom, 6.0, 1.0)
+    policy_loss, value_loss, metrics = HAND[agg]
+    expected = policy_loss + 0.5 * value_loss if head else policy_loss
+    assert loss.item() == pytest.approx(expected, rel=1e-6) and loss.requires_grad
+    assert stats == pytest.approx({**metrics, "loss/total": expected, **({"loss/value": value_loss} if head else {})},
+                                  rel=1e-6)
+
+
 # ------------------------------------------------------------------------------ what the optimizer does with it
 
 
@@ -161,7 +229,7 @@ def real_update(policy, *overrides: str, reference=None, advantages_scale: float
         old, _, _ = policy_forward(actor.module, batch, cfg.trainer.temperature)
         ref = policy_forward(Actor(reference), batch, cfg.trainer.temperature)[0] if reference is not None else None
     advantages = torch.linspace(-1, 1, N, dtype=torch.float64)[:, None] * mask * advantages_scale
-    sums, steps = update(cfg, actor, None, batch, mask, advantages, None, old, ref, None)
+    sums, steps = update(cfg, actor, None, UpdateBatch(batch, mask, advantages, old_logprobs=old, ref_logprobs=ref))
     return sums, steps, batch, mask
 
 
