@@ -116,23 +116,25 @@ def batch_normalize(summed: Tensor, eps: float = 1e-6) -> Tensor:
     return summed / (flat.std() + eps)
 
 
-def live_groups(rewards: Tensor, weights: Tensor | list[float] | None, estimator: str) -> Tensor:
-    """rewards: [B, G, K], NaN = abstained; weights: [K]; estimator: a name in GROUP_SIGNALS (algo.advantage)
-    -> BoolTensor [B]: True where the estimator gives at least one rollout of the group a non-zero advantage before
-    batch normalization.  The one definition of a live group (DAPO's dynamic sampling, groups/dead_frac*).
+GroupSignal = Callable[[Tensor, "Tensor | list[float] | None"], Tensor]  # ([B, G, K], [K]) -> [B, G]
+
+
+def live_groups(rewards: Tensor, weights: Tensor | list[float] | None, signal: GroupSignal) -> Tensor:
+    """rewards: [B, G, K], NaN = abstained; weights: [K]; signal: the estimator's group signal (its
+    `Estimator.group_signal`: `grpo_signal`, `gdpo_signal`) -> BoolTensor [B]: True where the estimator gives at
+    least one rollout of the group a non-zero advantage before batch normalization.  The one definition of a live
+    group (DAPO's dynamic sampling, groups/dead_frac*).
 
     Decided exactly, on the estimator's own arithmetic (its zeros are exact: `group_normalize`): GRPO, a group is
     live when the weighted sum varies; GDPO, when a channel of non-zero weight varies and the normalized channels do
     not cancel in the weighted sum.  A channel of weight 0 (an enforced constraint) never makes a group live.
 
-    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], "grpo").tolist()  # sums -1, -1
+    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], grpo_signal).tolist()  # sums -1, -1
     [False]
-    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], "gdpo").tolist()
+    >>> live_groups(torch.tensor([[[1., -8.], [0., -4.]]]), [1.0, 0.25], gdpo_signal).tolist()
     [True]
     """
-    if estimator not in GROUP_SIGNALS:
-        raise ValueError(f"estimator {estimator!r} has no group signal; choose one of {sorted(GROUP_SIGNALS)}")
-    return (GROUP_SIGNALS[estimator](rewards, weights) != 0).any(dim=1)
+    return (signal(rewards, weights) != 0).any(dim=1)
 
 
 def first_live(live: Tensor, needed: int) -> Tensor:
@@ -195,15 +197,16 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return (values - mean) * torch.rsqrt(var + eps) * mask
 
 
-# The sequence-level advantage each estimator gives a group before batch normalization ([B, G, K], [K] -> [B, G]):
-# what `live_groups` tests.  PPO (gae) has no groups and its critic makes no advantage exactly 0; its rollouts of one
-# prompt differ in what PPO is paid only when the weighted sum does, so a group is live for it as for GRPO (a channel
-# of weight 0, or channels that cancel in the sum, change nothing PPO learns from).
-GROUP_SIGNALS: dict[str, Callable[[Tensor, Tensor | list[float] | None], Tensor]] = {
-    "grpo": lambda rewards, weights: grpo_advantages(rewards, weights),
-    "gdpo": lambda rewards, weights: gdpo_advantages(rewards, weights, batch_norm=False),
-    "gae": lambda rewards, weights: grpo_advantages(rewards, weights),
-}
+# Group signals: the sequence-level advantage an estimator gives a group before batch normalization ([B, G, K], [K]
+# -> [B, G]), what `live_groups` tests.  PPO (gae) has no groups and its critic makes no advantage exactly 0; its
+# rollouts of one prompt differ in what PPO is paid only when the weighted sum does, so a group is live for it as for
+# GRPO (a channel of weight 0, or channels that cancel in the sum, change nothing PPO learns from): grpo_signal.
+def grpo_signal(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
+    return grpo_advantages(rewards, weights)
+
+
+def gdpo_signal(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
+    return gdpo_advantages(rewards, weights, batch_norm=False)
 
 
 # Diagnostics: how much each channel drives the advantage.  Each estimator's advantage is (up to one affine map

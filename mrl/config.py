@@ -53,15 +53,21 @@ class Bound:
             raise UserError(f"{key}={value}: must be {self.rule()}{fix}")
 
 
-class Advantage(str, Enum):
-    grpo = "grpo"
-    gdpo = "gdpo"
-    gae = "gae"
+class Registry(dict):
+    """The implementations of one extension point by name (an estimator, a loss aggregation, a rollout engine, a tool
+    protocol): the config key that picks one, and where they are registered.  The key is a plain string in the schema
+    and its choices are this dict's keys, so adding an implementation is one entry (docs/extending.md)."""
 
+    def __init__(self, key: str, where: str, entries: dict[str, Any]):
+        super().__init__(entries)
+        self.key, self.where = key, where
 
-class LossAgg(str, Enum):
-    seq_mean = "seq_mean"
-    token_mean = "token_mean"
+    def choose(self, name: str, why: str = "") -> Any:
+        """The entry `name`, or a UserError naming the key, the value, the choices and where they are registered."""
+        if name not in self:
+            raise UserError(f"{self.key}={name!r}: choose one of {', '.join(self)} (registered in {self.where}"
+                            f"{'; ' + why if why else ''})")
+        return self[name]
 
 
 class KLMode(str, Enum):
@@ -74,12 +80,6 @@ class KLMode(str, Enum):
 class Critic(str, Enum):
     model = "model"  # a separate value model: a copy of the policy's backbone plus a scalar head
     head = "head"  # a scalar head on the policy's last hidden state, sharing its backbone
-
-
-class ToolFormat(str, Enum):
-    auto = "auto"
-    words = "words"
-    chat = "chat"
 
 
 class ChannelKind(str, Enum):
@@ -102,7 +102,7 @@ class AlgoConfig:
     """One trainer: an estimator from the registry in mrl/algos.py plus switches that combine with any estimator."""
 
     name: str = MISSING
-    advantage: Advantage = Advantage.grpo
+    advantage: str = "grpo"  # an estimator of mrl.algos.ESTIMATORS
     # Per-channel weights overriding rewards.channels.<name>.weight; keys must be the channel names.
     # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
     weights: Any = None
@@ -111,7 +111,7 @@ class AlgoConfig:
     epochs: int = 1  # passes over each batch (PPO epochs / GRPO mu)
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
-    loss_agg: LossAgg = LossAgg.seq_mean
+    loss_agg: str = "seq_mean"  # an aggregation of mrl.losses.AGGREGATIONS
     kl_coef: float = 0.0  # 0 = no reference model is loaded
     kl_mode: KLMode = KLMode.loss
     entropy_coef: float = 0.0
@@ -212,7 +212,7 @@ class ModelConfig:
     # How agents call tools (mrl/protocols.py): `chat` in the model's own chat format (`<tool_call>{json}</tool_call>`,
     # results as `tool` messages), `words` the built-in tiny model's (a tool's name as a word), `auto` chat when
     # use_chat_template and the tokenizer has a template.
-    tool_format: ToolFormat = ToolFormat.auto
+    tool_format: str = "auto"  # a protocol of mrl.protocols.PROTOCOLS
     # Extra variables for the chat template, e.g. {enable_thinking: false} for Qwen3 (thinking mode otherwise).
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     gradient_checkpointing: bool = False
@@ -278,7 +278,7 @@ class TrainerConfig:
 
 @dataclass
 class RolloutConfig:
-    """How rollouts are generated: an engine from the registry in mrl/rollout.py (ROLLOUT_ENGINES)."""
+    """How rollouts are generated: an engine of mrl.rollout.ROLLOUT_ENGINES."""
 
     # mrl's turn loop on the training module itself, each turn decoded by: native = mrl's own decoder (Llama, Qwen2,
     # Qwen3, Mistral), hf = HF generate, auto = native where it runs the model, else hf.  (vLLM: see docs/gpu.md.)

@@ -49,7 +49,7 @@ from mrl.engine import Trainable, pick_device
 from mrl.episode import agent_metrics, sample_records
 from mrl.evaluate import eval_metrics, nonempty_held_out, score_held_out, separate_rng, summarize
 from mrl.lora import BaseReference, load_policy, uses_lora
-from mrl.losses import aggregate, clipped_surrogate, kl_k3, value_loss
+from mrl.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling, policy_forward, value_forward
@@ -179,7 +179,7 @@ class Run:
 def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the sinks."""
     algo, trainer = cfg.algo, cfg.trainer
-    estimator = ESTIMATORS[algo.advantage.value]
+    estimator = ESTIMATORS[algo.advantage]
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
@@ -355,6 +355,7 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
     count; the ranks may then hold different numbers of live groups.
     """
     algo, trainer = cfg.algo, cfg.trainer
+    estimator = ESTIMATORS[algo.advantage]
     B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
     offset, local_B = dist.shard(B)
     rounds: list[Rollouts] = []
@@ -372,7 +373,7 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
             num_live = B
             break
         shaped, _, _ = reward_set.shape(rollouts.rewards.view(local_B, G, K))
-        live = reward_set.live(shaped, algo.advantage.value)  # [local_B]
+        live = reward_set.live(shaped, estimator)  # [local_B]
         chosen = first_live(dist.gather_rows(live), B - num_live)  # [B] over all ranks, in the global order
         groups = dist.local_rows(chosen, live).nonzero().squeeze(-1)
         if len(groups):
@@ -483,7 +484,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
             # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
             # then the gradient of the global mini-batch (mrl.distributed.per_rank_denominator).
             tokens = dist.per_rank_denominator(mini_mask.sum().item())
-            denom = tokens if algo.loss_agg == "token_mean" else \
+            denom = tokens if AGGREGATIONS[algo.loss_agg].per_token else \
                 dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
             micros = mini.split(trainer.micro_batch_size)
             for i, rows in enumerate(micros):
@@ -568,10 +569,10 @@ def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, 
     metrics.update({
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
-        "groups/dead_frac_raw": dead_frac(reward_set.live(all_rewards, algo.advantage.value)),
+        "groups/dead_frac_raw": dead_frac(reward_set.live(all_rewards, estimator)),
         "rewards/failed_frac": every.failed.any(-1).float().mean().item(),
         "groups/dead_frac": (None if collected.skip_update
-                             else dead_frac(reward_set.live(shaped, algo.advantage.value))),
+                             else dead_frac(reward_set.live(shaped, estimator))),
         "dapo/skipped_update": float(collected.skip_update),
         "dapo/gen_batches": len(collected.rounds),
         "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks

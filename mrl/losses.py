@@ -10,6 +10,7 @@ tokens for `token_mean`), so the accumulated gradient equals that of the whole m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -17,25 +18,43 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-AGGREGATIONS = ("seq_mean", "token_mean")
+from mrl.config import Registry
+
 # The most logits token_logprobs holds at once: [positions, V] of 2^24 elements, 64 MB in fp32.
 LOGIT_CHUNK = 2**24
 
 
-def aggregate(per_token: Tensor, mask: Tensor, agg: str, denom: float | None = None) -> Tensor:
-    """Reduce [N, T] per-token values to a scalar.
+def seq_mean(per_token: Tensor, mask: Tensor, denom: float | None = None) -> Tensor:
+    """Mean over each sequence's tokens, summed over sequences, / denom (default N): GRPO's sample-level mean."""
+    per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
+    return per_seq.sum() / (denom if denom is not None else per_token.shape[0])
 
-    seq_mean: mean over each sequence's tokens, summed over sequences, / denom (default N) — GRPO's sample-level mean.
-    token_mean: sum over every token, / denom (default: number of tokens) — DAPO's token-level loss, where long
-    sequences weigh in proportion to their length.
-    """
-    mask = mask.to(per_token.dtype)
-    if agg == "seq_mean":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
-        return per_seq.sum() / (denom if denom is not None else per_token.shape[0])
-    if agg == "token_mean":
-        return (per_token * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
-    raise ValueError(f"unknown loss aggregation {agg!r}; choose one of {AGGREGATIONS}")
+
+def token_mean(per_token: Tensor, mask: Tensor, denom: float | None = None) -> Tensor:
+    """Sum over every token, / denom (default: the number of tokens): DAPO's token-level loss, where long sequences
+    weigh in proportion to their length."""
+    return (per_token * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A loss aggregation: `reduce(per_token [N, T], mask [N, T], denom) -> scalar`, and what its mini-batch
+    denominator counts (`per_token`: generated tokens; else sequences with one or more), so that the micro-batches of
+    a mini-batch add up to its loss."""
+
+    reduce: Callable[[Tensor, Tensor, "float | None"], Tensor]
+    per_token: bool
+
+
+AGGREGATIONS = Registry("algo.loss_agg", "mrl/losses.py AGGREGATIONS", {
+    "seq_mean": Aggregation(seq_mean, per_token=False),
+    "token_mean": Aggregation(token_mean, per_token=True),
+})
+
+
+def aggregate(per_token: Tensor, mask: Tensor, agg: str, denom: float | None = None) -> Tensor:
+    """Reduce [N, T] per-token values to a scalar by the aggregation `agg` names (AGGREGATIONS)."""
+    return AGGREGATIONS.choose(agg).reduce(per_token, mask.to(per_token.dtype), denom)
 
 
 def clipped_surrogate(

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from mrl.chat_template import CALL_CLOSE, CALL_OPEN, call_text, inspect_template
-from mrl.config import UserError
+from mrl.config import Registry, UserError
 from mrl.episode import Prompt, ToolCall
 from mrl.stops import Stops, word_level
 
@@ -408,25 +408,53 @@ def tools_prompt(schemas: list[dict[str, Any]]) -> str:
 
 
 
-def make_protocol(tokenizer, tool_format: str, use_chat_template: bool, chat_template_kwargs: dict[str, Any],
-                  tools: dict[str, Tool], max_turns: int, answer_words: tuple[str, ...],
-                  max_tool_tokens: int, parallel_calls: bool = False,
-                  environment: Callable[[Prompt], Environment] | None = None) -> ToolProtocol:
-    """The protocol `model.tool_format` names; `auto` is chat for a model used with its chat template (one it has),
-    else words.  environment: the task's `environment(prompt)`, for stateful episodes (chat only)."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if tool_format == "auto":
-        tool_format = "chat" if use_chat_template and has_template else "words"
-    if tool_format == "chat":
-        if not has_template:
-            raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
-                            "model.tool_format=words (or auto)")
-        return ChatProtocol(tokenizer, tools, max_turns, max_tool_tokens, chat_template_kwargs, parallel_calls,
-                            environment)
-    if environment is not None:
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """What the task and the config ask of a tool protocol.  environment: the task's `environment(prompt)`, for
+    stateful episodes (chat only)."""
+
+    use_chat_template: bool
+    chat_template_kwargs: dict[str, Any]
+    tools: dict[str, Tool]
+    max_turns: int
+    answer_words: tuple[str, ...]
+    max_tool_tokens: int
+    parallel_calls: bool = False
+    environment: Callable[[Prompt], Environment] | None = None
+
+
+def words_protocol(tokenizer, s: ProtocolSettings) -> WordsProtocol:
+    if s.environment is not None:
         raise UserError("this task's episodes run in a stateful environment with a user who speaks several times, "
                         "which only the chat protocol runs; use a chat model (model.tool_format=chat or auto)")
-    if tool_format == "words":
-        return WordsProtocol(tokenizer, tools, answer_words, max_turns, max_tool_tokens, use_chat_template,
-                             chat_template_kwargs)
-    raise UserError(f"model.tool_format={tool_format!r}: choose auto, words or chat")
+    return WordsProtocol(tokenizer, s.tools, s.answer_words, s.max_turns, s.max_tool_tokens, s.use_chat_template,
+                         s.chat_template_kwargs)
+
+
+def chat_protocol(tokenizer, s: ProtocolSettings) -> ChatProtocol:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("model.tool_format=chat needs a chat template, and this tokenizer has none; use "
+                        "model.tool_format=words (or auto)")
+    return ChatProtocol(tokenizer, s.tools, s.max_turns, s.max_tool_tokens, s.chat_template_kwargs, s.parallel_calls,
+                        s.environment)
+
+
+def auto_protocol(tokenizer, s: ProtocolSettings) -> ToolProtocol:
+    """Chat for a model used with its chat template (one it has), else words."""
+    chat = s.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    return (chat_protocol if chat else words_protocol)(tokenizer, s)
+
+
+# model.tool_format -> (tokenizer, ProtocolSettings) -> ToolProtocol
+PROTOCOLS = Registry("model.tool_format", "mrl/protocols.py PROTOCOLS",
+                     {"auto": auto_protocol, "words": words_protocol, "chat": chat_protocol})
+
+
+def make_protocol(tokenizer, tool_format: str, settings: ProtocolSettings) -> ToolProtocol:
+    """The protocol `model.tool_format` names (PROTOCOLS), for `settings`."""
+    return PROTOCOLS.choose(tool_format)(tokenizer, settings)
+
+
+def check(cfg) -> None:
+    """`model.tool_format` names a registered protocol."""
+    PROTOCOLS.choose(cfg.model.tool_format)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrl.captured import captured_decoder, first_use_check
-from mrl.config import UserError
+from mrl.config import Registry, UserError
 from mrl.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
@@ -481,21 +481,20 @@ def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -
     return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
 
 
-ROLLOUT_ENGINES: dict[str, Callable[[Any, torch.nn.Module, Any, torch.device], RolloutEngine]] = {
+# (cfg, policy, tokenizer, device) -> RolloutEngine
+ROLLOUT_ENGINES = Registry("rollout.engine", "mrl/rollout.py ROLLOUT_ENGINES", {
     "hf": lambda cfg, policy, tokenizer, device: HFEngine(policy, tokenizer, device),
     "native": own_decoder_engine("native", native_decode),
     "captured": own_decoder_engine("captured", captured_decode),
     "auto": auto_engine,
-}
+})
 
 
 def check(cfg) -> None:
     """`rollout.engine` names a registered engine."""
-    if cfg.rollout.engine not in ROLLOUT_ENGINES:
-        raise UserError(f"rollout.engine={cfg.rollout.engine!r}: choose one of {', '.join(ROLLOUT_ENGINES)} (the "
-                        "engine that generates rollouts, registered in mrl/rollout.py's ROLLOUT_ENGINES; auto samples "
-                        "from the training module with mrl's captured decoder on CUDA where it passes its first-use "
-                        "check, mrl's native decoder elsewhere where it runs the model, else HF generate)")
+    ROLLOUT_ENGINES.choose(cfg.rollout.engine, "auto samples from the training module with mrl's captured decoder "
+                           "on CUDA where it passes its first-use check, mrl's native decoder elsewhere where it runs "
+                           "the model, else HF generate")
 
 
 def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,

@@ -73,7 +73,7 @@ def grads(out: str, stage: int) -> None:
                 "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=2", "trainer.lr=1e-2"])
         seed_everything(0)
         device = torch.device("cpu")
-        estimator = ESTIMATORS[cfg.algo.advantage.value]
+        estimator = ESTIMATORS[cfg.algo.advantage]
         tokenizer, actor, _, _ = build_models(cfg, estimator, device)
         reward_set = build_reward_set(cfg.rewards, cfg.algo)
         world = dist.world_size()

@@ -13,10 +13,14 @@ from mrl.advantages import (
     gae_advantages,
     gae_token_rewards,
     gdpo_advantages,
+    gdpo_signal,
     grpo_advantages,
+    grpo_signal,
     live_groups,
     masked_whiten,
 )
+from mrl.algos import ESTIMATORS
+from mrl.config import UserError
 
 EPS = 1e-6
 TOL = dict(rtol=1e-9, atol=1e-9)  # float64 inputs, eps written into the hand formulas
@@ -182,7 +186,8 @@ def test_gdpo_without_batch_norm_equals_grpo_for_one_channel(seed):
 
 
 def dead(rewards, weights=None, estimator="gdpo"):
-    return (~live_groups(rewards, weights, estimator)).tolist()
+    """The groups that are dead for the estimator of that name, by its registered group signal."""
+    return (~live_groups(rewards, weights, ESTIMATORS[estimator].group_signal)).tolist()
 
 
 def test_live_groups():
@@ -200,7 +205,7 @@ def test_live_groups():
     assert dead(r, estimator="gae") == [True, True, False, True]
     assert torch.equal(gdpo_advantages(r, batch_norm=False)[0], torch.zeros(2))
     assert torch.equal(grpo_advantages(r)[0], torch.zeros(2))
-    assert live_groups(r, None, "gdpo").dtype == torch.bool
+    assert live_groups(r, None, gdpo_signal).dtype == torch.bool
 
 
 def test_a_group_where_only_a_weight_0_constraint_varies_is_dead():
@@ -228,9 +233,10 @@ def test_grpo_weighted_sums_that_tie_are_dead_but_gdpo_is_live():
     assert_close(gdpo_advantages(r, w, batch_norm=False), torch.tensor([[0.5303, -0.5303]]), rtol=0, atol=1e-4)
 
 
-def test_live_groups_unknown_estimator_names_the_choices():
-    with pytest.raises(ValueError, match="'gae', 'gdpo', 'grpo'"):
-        live_groups(torch.zeros(1, 2, 1), None, "reinforce")
+def test_an_unknown_estimator_names_the_choices_and_the_registry():
+    with pytest.raises(UserError, match=r"^algo.advantage='reinforce': choose one of grpo, gdpo, gae \(registered in "
+                                        r"mrl/algos.py ESTIMATORS\)$"):
+        ESTIMATORS.choose("reinforce")
 
 
 def test_constant_sum_group_is_dead_for_grpo_and_live_for_gdpo():
@@ -265,7 +271,7 @@ def test_dead_groups_get_exact_zeros_after_gdpo_batch_normalization(seed):
     r[4, :, :2] = r[4, :1, :2].clone()  # only channel 2 varies, at weight 0
     w = [1.0, 0.3, 0.0]
     out = gdpo_advantages(r, w)  # batch_norm=True
-    assert live_groups(r, w, "gdpo").tolist() == [True, False, True, True, False, True]
+    assert live_groups(r, w, gdpo_signal).tolist() == [True, False, True, True, False, True]
     assert torch.equal(out[1], torch.zeros(5)) and torch.equal(out[4], torch.zeros(5))
     # The live groups: (summed - mean) / (std + eps), the textbook batch normalization, to float rounding.
     summed = gdpo_advantages(r, w, batch_norm=False)
@@ -554,8 +560,8 @@ def test_a_constant_group_gets_exactly_zero_in_float32(value, shape):
     assert torch.equal(grpo_advantages(rewards), zeros)
     assert torch.equal(gdpo_advantages(rewards, batch_norm=False), zeros)
     assert torch.equal(gdpo_advantages(rewards), zeros)
-    assert not live_groups(rewards, None, "gdpo").any()
-    assert not live_groups(rewards, None, "grpo").any()
+    assert not live_groups(rewards, None, gdpo_signal).any()
+    assert not live_groups(rewards, None, grpo_signal).any()
     # Next to a live group, the constant one still gets exactly 0 and the live one does not.
     mixed = torch.cat([rewards, torch.rand(shape, generator=torch.Generator().manual_seed(0))])
     assert torch.equal(grpo_advantages(mixed)[: shape[0]], zeros)

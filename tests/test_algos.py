@@ -45,7 +45,7 @@ def sequence_logprobs(actor, batch, temperature) -> torch.Tensor:
 @pytest.mark.parametrize("algo", ALGOS)
 def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg):
     cfg = make_cfg(f"algo={algo}", "trainer.prompts_per_step=1", "trainer.group_size=4")
-    estimator = ESTIMATORS[cfg.algo.advantage.value]
+    estimator = ESTIMATORS[cfg.algo.advantage]
     torch.manual_seed(0)
     tokenizer, actor, critic, reference = build_models(cfg, estimator, CPU)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
@@ -190,7 +190,7 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
     weights after the step are those of the update fed a separately computed old pass."""
     cfg = make_cfg(f"algo={algo}", "trainer.prompts_per_step=1", "trainer.group_size=4")
     assert single_update(cfg)
-    estimator = ESTIMATORS[cfg.algo.advantage.value]
+    estimator = ESTIMATORS[cfg.algo.advantage]
     after = []
     for old_pass in (True, False):
         torch.manual_seed(0)
@@ -216,3 +216,35 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
 def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
     assert not single_update(make_cfg("algo=ppo", "algo.epochs=2"))
     assert not single_update(make_cfg("algo=grpo", "trainer.num_mini_batches=2"))
+
+
+def test_an_estimator_and_an_aggregation_are_one_registry_entry_each(monkeypatch, make_cfg, tmp_path):
+    """A new estimator or aggregation is one entry (algo.advantage, algo.loss_agg name it; nothing else to edit):
+    registered here at run time, they drive a step, value for value."""
+    from mrl.advantages import grpo_contributions, grpo_signal
+    from mrl.algos import Estimator
+    from mrl.loop import train
+    from mrl.losses import AGGREGATIONS, Aggregation, token_mean
+
+    def half_grpo(rewards, weights, mask, values, kl_penalty, cfg):
+        advantages, returns = ESTIMATORS["grpo"].token_advantages(rewards, weights, mask, values, kl_penalty, cfg)
+        return advantages / 2, returns
+
+    monkeypatch.setitem(ESTIMATORS, "half_grpo", Estimator(half_grpo, grpo_contributions, group_relative=True,
+                                                           needs_critic=False, reward_kl=False,
+                                                           group_signal=grpo_signal))
+    monkeypatch.setitem(AGGREGATIONS, "tokens_again", Aggregation(token_mean, per_token=True))
+    monkeypatch.setitem(AGGREGATIONS, "tokens_per_sequence", Aggregation(token_mean, per_token=False))
+
+    def step(*overrides: str) -> dict:
+        cfg = make_cfg("algo=grpo", "trainer.max_steps=1", "trainer.seed=3", *overrides)
+        validate(cfg)
+        return train(cfg, tmp_path / "-".join(overrides))
+
+    grpo, half = step(), step("algo.advantage=half_grpo")
+    assert half["adv/std"] == pytest.approx(grpo["adv/std"] / 2, rel=1e-6) and grpo["adv/std"] > 0
+    by_tokens = step("algo.loss_agg=token_mean")
+    assert step("algo.loss_agg=tokens_again")["loss/policy"] == pytest.approx(by_tokens["loss/policy"], rel=1e-6)
+    # the same reduction over the mini-batch's sequences instead of its tokens: the denominator the entry names
+    per_sequence = step("algo.loss_agg=tokens_per_sequence")["loss/policy"]
+    assert per_sequence != pytest.approx(by_tokens["loss/policy"], rel=1e-3)

@@ -69,7 +69,7 @@ def test_help_goes_to_hydra(tmp_path):
     ("algo=foo", "Could not find 'algo/foo'"),
     ("trainer.max_steps=abc", "trainer.max_steps"),
     ("trainer.max_stepz=3", "max_stepz"),
-    ("algo.loss_agg=tokenmean", "expected one of [seq_mean, token_mean]"),
+    ("algo.loss_agg=tokenmean", "choose one of seq_mean, token_mean"),
     ("algo.weights={correctness:1}", "give one weight per channel"),
     ("model.name_or_path=/no/such/model", "'/no/such/model': no such directory"),
     ("trainer.group_size=1", "group_size >= 2"),

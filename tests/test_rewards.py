@@ -14,6 +14,7 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from torch.testing import assert_close
 
+from mrl.algos import ESTIMATORS
 from mrl.config import RewardsConfig, UserError
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import tiny_vocab
@@ -536,8 +537,8 @@ def test_reward_set_live_uses_the_advantage_weights_and_leaves_out_shaping():
                                                                       kind="constraint"),
                     ChannelSpec("overlong", None, 1.0, shaping=True)])
     r = torch.tensor([[[1.0, -1.0, 0.0], [1.0, 0.0, -0.5]], [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
-    assert rs.live(r, "gdpo").tolist() == [False, True]
-    assert rs.live(r, "grpo").tolist() == [False, True]
+    assert rs.live(r, ESTIMATORS["gdpo"]).tolist() == [False, True]
+    assert rs.live(r, ESTIMATORS["grpo"]).tolist() == [False, True]
 
 
 def test_build_weights_override():

@@ -57,6 +57,9 @@ BAD_VALUES = {
     "logger.mode=live": ["logger.mode='live'", "offline, online, disabled"],
     "logger.log_every=0": ["logger.log_every=0", ">= 1"],
     "rollout.engine=vllm": ["rollout.engine='vllm'", "choose one of hf", "ROLLOUT_ENGINES"],
+    "algo.advantage=reinforce": ["algo.advantage='reinforce'", "choose one of grpo, gdpo, gae", "ESTIMATORS"],
+    "algo.loss_agg=tokenmean": ["algo.loss_agg='tokenmean'", "choose one of seq_mean, token_mean", "AGGREGATIONS"],
+    "model.tool_format=json": ["model.tool_format='json'", "choose one of auto, words, chat", "PROTOCOLS"],
     "trainer.device=gpu": ["trainer.device='gpu'", "auto", "cpu"],
     "rewards.channels.efficiency.weight=nan": ["rewards.channels.efficiency.weight=nan", "finite"],
     "rewards.channels.correctness.enforce=veto": ["rewards.channels.correctness.enforce", "kind=constraint"],
@@ -184,7 +187,7 @@ def test_eval_reads_the_config_the_run_trained_with(tmp_path):
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- rewards=my_rewards_from_a_config_dir\n")
     loaded = run_config(tmp_path)
     assert build_reward_set(loaded.rewards, loaded.algo).names == ["correctness", "length", "mine"]
-    assert loaded.algo.advantage.value == "gdpo" and loaded.algo.critic_lr == cfg.algo.critic_lr
+    assert loaded.algo.advantage == "gdpo" and loaded.algo.critic_lr == cfg.algo.critic_lr
 
 
 # --- through the CLI: Hydra would create the run dir and write .hydra/ before the task function runs.

@@ -40,7 +40,7 @@ def model_state_mb(algo: str, overrides: list[str]) -> float:
     policy = load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
     bytes_per = 4  # float32 masters and moments whatever model.dtype says (mrl/precision.py); the reference too
     params = sum(p.numel() for p in policy.parameters())
-    trained = params * (2 if ESTIMATORS[cfg.algo.advantage.value].needs_critic and cfg.algo.critic == "model"
+    trained = params * (2 if ESTIMATORS[cfg.algo.advantage].needs_critic and cfg.algo.critic == "model"
                         else 1)
     frozen = params if cfg.algo.kl_coef > 0 else 0
     return (4 * trained + frozen) * bytes_per / 2**20

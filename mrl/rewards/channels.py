@@ -84,12 +84,12 @@ class RewardSet:
         """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
         return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
 
-    def live(self, shaped: Tensor, estimator: str) -> Tensor:
-        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (algo.advantage) a
+    def live(self, shaped: Tensor, estimator) -> Tensor:
+        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (an mrl.algos.Estimator) a
         non-zero advantage, at the weights the advantage uses (mrl.advantages.live_groups).  The algorithm's shaping
         channels (overlong) are left out: a group is not live because its rollouts differ in length shaping alone."""
         task = self.task_channels
-        return live_groups(shaped[..., task], self.weights[task].to(shaped.dtype), estimator)
+        return live_groups(shaped[..., task], self.weights[task].to(shaped.dtype), estimator.group_signal)
 
     def score(self, episodes: list[Episode], on_error: str = "raise") -> tuple[Tensor, Tensor]:
         """Score N episodes on every channel: (rewards [N, K], failed [N, K] bool).

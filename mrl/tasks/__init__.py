@@ -21,7 +21,7 @@ from mrl.config import UserError
 from mrl.data import DatasetTask, dataset_file
 from mrl.episode import Prompt
 from mrl.models import context_length
-from mrl.protocols import ToolProtocol, make_protocol
+from mrl.protocols import ProtocolSettings, ToolProtocol, make_protocol
 
 
 class DatasetPrompts:
@@ -65,10 +65,10 @@ def episode_protocol(cfg: Any, tokenizer, task: Any) -> ToolProtocol:
     model = cfg.model
     kwargs = model.chat_template_kwargs
     kwargs = OmegaConf.to_container(kwargs, resolve=True) if isinstance(kwargs, DictConfig) else dict(kwargs or {})
-    return make_protocol(tokenizer, model.tool_format, model.use_chat_template, kwargs,
-                         getattr(task, "tools", None) or {}, getattr(task, "max_turns", 1),
-                         tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens,
-                         getattr(task, "parallel_calls", False), getattr(task, "environment", None))
+    return make_protocol(tokenizer, model.tool_format, ProtocolSettings(
+        model.use_chat_template, kwargs, getattr(task, "tools", None) or {}, getattr(task, "max_turns", 1),
+        tuple(getattr(task, "answer_words", ())), cfg.trainer.max_tool_tokens, getattr(task, "parallel_calls", False),
+        getattr(task, "environment", None)))
 
 
 def held_out_prompts(task: Any, count: int) -> list[Prompt]:
