@@ -60,10 +60,11 @@ def grads(out: str, stage: int) -> None:
     from mrl import distributed as dist
     from mrl.algos import ESTIMATORS
     from mrl.config import CONF_DIR
-    from mrl.loop import UpdateBatch, build_models, collect, lockstep_batch, seed_everything, update
+    from mrl.loop import build_models, collect, lockstep_batch, seed_everything
     from mrl.rewards.channels import build_reward_set
     from mrl.rollout import HFEngine
     from mrl.tasks import build_task
+    from mrl.update import UpdateBatch, update
 
     results = {}
     for agg in ("token_mean", "seq_mean"):

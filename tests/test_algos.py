@@ -14,9 +14,10 @@ from conftest import ALGOS
 from mrl.algos import ESTIMATORS
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
-from mrl.loop import UpdateBatch, build_models, score_rollouts, single_update, update
+from mrl.loop import build_models
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Rollouts
+from mrl.update import UpdateBatch, score_rollouts, single_update, update
 from mrl.validation import validate
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""The update phase (mrl.loop.update) on a hand-built batch: its gradient against the loss written out by hand.
+"""The update phase (mrl.update.update) on a hand-built batch: its gradient against the loss written out by hand.
 
 AdamW's first step ignores the loss's scale, so "the weights moved" cannot see a wrong denominator, a wrong sign or
 a wrong bound; the gradient can.  A stand-in for mrl.engine.Trainable records the gradient at each optimizer step
@@ -16,9 +16,9 @@ import pytest
 import torch
 from conftest import compose_config
 
-from mrl.loop import UpdateBatch, micro_loss, update
 from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
 from mrl.rollout import Rollouts, policy_forward
+from mrl.update import UpdateBatch, micro_loss, update
 
 N, P, T = 6, 3, 5
 LENGTHS = [5, 2, 4, 1, 3, 5]  # generated tokens per rollout: unequal, so seq_mean and token_mean differ

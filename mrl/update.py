@@ -1,0 +1,177 @@
+"""The update's side of a step: the rollouts scored without gradients (phase 2: old and reference log-probs, old
+values), and the optimizer steps (phase 4: epochs x mini-batches x micro-batches around `micro_loss`).
+
+Losses of micro-batches are divided by their mini-batch's count (tokens or sequences, as the aggregation says:
+mrl.losses.AGGREGATIONS), and that count by the number of ranks, so gradient accumulation and DeepSpeed's mean over
+ranks give exactly the gradient of the whole mini-batch on one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from mrl import distributed as dist
+from mrl.engine import Trainable
+from mrl.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
+from mrl.rollout import Rollouts, Sampling, policy_forward, value_forward
+
+UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
+
+
+@dataclass
+class UpdateBatch:
+    """What the update trains on, handed from scoring (phases 2 and 3) to the update (phase 4): the rollouts and,
+    per completion token [N, T], what the loss needs of them."""
+
+    rollouts: Rollouts
+    loss_mask: Tensor  # [N, T] generated tokens of the rows trained on (dropped rollouts, lockstep padding: 0)
+    advantages: Tensor  # [N, T]
+    returns: Tensor | None = None  # [N, T] the value loss's targets (PPO)
+    old_logprobs: Tensor | None = None  # [N, T] the sampling policy's; None: the update's own, detached
+    ref_logprobs: Tensor | None = None  # [N, T] the reference's (KL), or None
+    old_values: Tensor | None = None  # [N, T] (PPO)
+
+    @property
+    def rows(self) -> int:
+        return self.loss_mask.shape[0]
+
+    def take(self, rows: Tensor) -> "UpdateBatch":
+        """The batch at `rows` [M] (a micro-batch)."""
+        at = rows.to(self.loss_mask.device)
+        pick = lambda x: None if x is None else x[at]  # noqa: E731
+        return UpdateBatch(self.rollouts.take(rows), self.loss_mask[at], self.advantages[at], pick(self.returns),
+                           pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
+
+def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
+           batch: UpdateBatch) -> tuple[dict[str, float], int]:
+    """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
+    step per mini-batch.  Returns (per-mini-batch sums of the update metrics, number of mini-batches)."""
+    algo, trainer = cfg.algo, cfg.trainer
+    warp = Sampling.of(trainer).truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
+    actor.module.train()
+    if critic is not None:
+        critic.module.train()  # gradient checkpointing (and dropout, if any) only act in train mode
+    sums: dict[str, float] = {}
+    mini_batches = 0
+    for _ in range(algo.epochs):
+        # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
+        for mini in torch.randperm(batch.rows).tensor_split(trainer.num_mini_batches):
+            if not len(mini):
+                continue
+            mini_batches += 1
+            mini_mask = batch.loss_mask[mini.to(batch.loss_mask.device)]
+            # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
+            # then the gradient of the global mini-batch (mrl.distributed.per_rank_denominator).
+            tokens = dist.per_rank_denominator(mini_mask.sum().item())
+            denom = tokens if AGGREGATIONS[algo.loss_agg].per_token else \
+                dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
+            micros = mini.split(trainer.micro_batch_size)
+            for i, rows in enumerate(micros):
+                micro = batch.take(rows)
+                loss, stats = micro_loss(algo, actor, micro, denom, tokens, trainer.temperature, warp)
+                last = i == len(micros) - 1
+                grad_norm = actor.accumulate(loss, last)
+                if critic is not None:
+                    v_loss = micro_value_loss(algo, value_forward(critic, micro.rollouts), micro, denom)
+                    critic.accumulate(v_loss, last)
+                    stats["loss/value"] = v_loss.item()
+                if grad_norm is not None:
+                    stats["grad_norm"] = grad_norm
+                accumulate(sums, stats)
+    return sums, mini_batches
+
+def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
+               warp=None) -> tuple[Tensor, dict[str, float]]:
+    """One micro-batch's part of its mini-batch's policy loss, and of the update's metrics.
+
+    loss = surrogate - entropy_coef * entropy (+ kl_coef * k3 KL with algo.kl_mode=loss) (+ vf_coef * the value
+    head's loss, PPO+head), each aggregated (algo.loss_agg) over `micro.loss_mask` and divided by the mini-batch's
+    `denom` (its tokens for token_mean, its sequences for seq_mean), so that the micro-batches' losses sum to the
+    mini-batch's.  The metrics (loss/policy, loss/total, kl, entropy, clip_frac, policy/approx_kl, loss/value) are
+    this micro-batch's parts likewise: token means over the mini-batch's `tokens`.  `actor`: the policy (an
+    mrl.models.Actor) scoring `micro.rollouts` at `temperature`, truncated by `warp` (Sampling.truncation()).
+    """
+    mask = micro.loss_mask
+    # The entropy is logged; it carries gradients only for an entropy bonus.
+    logprobs, entropy, values = policy_forward(actor, micro.rollouts, temperature, entropy=True,
+                                               entropy_grad=algo.entropy_coef != 0, warp=warp)
+    old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+    pg_loss, clipped = clipped_surrogate(logprobs, old, micro.advantages, algo.clip_low, algo.clip_high)
+    loss = aggregate(pg_loss, mask, algo.loss_agg, denom)
+    loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg, denom)
+    stats: dict[str, float] = {}
+    if micro.ref_logprobs is not None:
+        kl = kl_k3(logprobs, micro.ref_logprobs)
+        if algo.kl_mode == "loss":
+            loss = loss + algo.kl_coef * aggregate(kl, mask, algo.loss_agg, denom)
+        stats["kl"] = token_mean_part(kl, mask, tokens)
+    if values is not None:  # PPO with a value head on the policy
+        v_loss = micro_value_loss(algo, values, micro, denom)
+        loss = loss + algo.vf_coef * v_loss
+        stats["loss/value"] = v_loss.item()
+    stats.update({
+        "loss/policy": aggregate(pg_loss.detach(), mask, algo.loss_agg, denom).item(),
+        "loss/total": loss.item(),
+        "entropy": token_mean_part(entropy, mask, tokens),
+        "clip_frac": token_mean_part(clipped, mask, tokens),
+        # the ratio's k3 estimate of KL(old || new): http://joschu.net/blog/kl-approx.html
+        "policy/approx_kl": token_mean_part(kl_k3(logprobs.detach(), old), mask, tokens),
+    })
+    return loss, stats
+
+def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> Tensor:
+    """The clipped value loss of `values` [M, T] (the policy's value head, or PPO's separate critic) against
+    `micro.returns`, aggregated as the policy loss is (over `micro.loss_mask`, divided by the mini-batch's `denom`)."""
+    return aggregate(value_loss(values, micro.old_values, micro.returns, algo.value_clip), micro.loss_mask,
+                     algo.loss_agg, denom)
+
+def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
+    """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
+    without a reference model, loss/value without a critic, every one when dynamic sampling skipped the update."""
+    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()})
+    for key in UPDATE_KEYS:
+        metrics.setdefault(key, None)
+    return metrics
+
+def single_update(cfg: DictConfig) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated is
+    the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second pass."""
+    return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
+
+@torch.no_grad()
+def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
+                   temperature: float, policy: bool = True, warp=None):
+    """Phase 2: (old log-probs [N, T] or None when not `policy`, reference log-probs [N, T] or None, old values
+    [N, T] or None), micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by
+    `warp` under top_k / top_p; the reference's by its own top-k / top-p)."""
+    actor.module.eval()
+    if critic is not None:
+        critic.module.eval()
+    old, ref, values = [], [], []
+    for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
+        micro, head_values = batch.take(rows), None
+        if policy or actor.module.value_head is not None:  # the value head's old values need this pass anyway
+            logprobs, _, head_values = policy_forward(actor, micro, temperature, warp=warp)
+            old.append(logprobs)
+        if reference is not None:
+            ref.append(policy_forward(reference, micro, temperature, warp=warp)[0])
+        if critic is not None:
+            values.append(value_forward(critic, micro))
+        elif head_values is not None:
+            values.append(head_values)
+    cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+    return cat(old), cat(ref), cat(values)
+
+def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
+    """Add `stats` into `sums`, key by key."""
+    for key, value in stats.items():
+        sums[key] = sums.get(key, 0.0) + value
+
+def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:
+    """This micro-batch's share of the token mean of `values` over its mini-batch of `tokens` generated tokens
+    (summed over micro-batches; per rank: mrl.distributed.per_rank_denominator)."""
+    return ((values.detach() * micro_mask).sum() / tokens).item()
