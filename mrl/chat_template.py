@@ -26,8 +26,6 @@ def call_text(name: str, arguments: Any) -> str:
     return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
 
 
-
-
 PROBE = "mrl_probe"  # a name, message or tool result the dummy conversations are measured with
 PROBE_TOOL = {"type": "function", "function": {"name": PROBE, "description": "A probe.",
                                               "parameters": {"type": "object", "properties": {}}}}

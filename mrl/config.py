@@ -135,7 +135,7 @@ class AlgoConfig:
     whiten_advantages: bool = True  # PPO: normalize GAE advantages over the batch's generated tokens
     # Channels a preset shapes by name in rewards.channels (gdpo_conditioned: efficiency, safety).  The shaping
     # applies where the rewards have the channel; where they do not, the entry the preset wrote (it has no `fn`) is
-    # left out, so the preset composes with every `rewards=` option (mrl.validation.configured_channels).
+    # left out, so the preset composes with every `rewards=` option (mrl.rewards.channels.configured_channels).
     shapes: list[str] = field(default_factory=list)
 
 

@@ -333,7 +333,7 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
     task = build_task(cfg)
     prompts = nonempty_held_out(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
-    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, policy, tokenizer, device)
+    engine = ROLLOUT_ENGINES.choose(cfg.rollout.engine)(cfg, policy, tokenizer, device)
     with separate_rng(seed, device):
         held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), samples,
                               episode_protocol(cfg, tokenizer, task), reward_set)

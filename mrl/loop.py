@@ -1,7 +1,7 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
 `train_step` is one step, five phases in order, each a function taking and returning plain data: collect (rollouts
-from the rollout engine, scored and shaped) -> score_rollouts (old, reference log-probs and values, no gradients) ->
+from the rollout engine, scored and shaped) -> score_rollouts (mrl/update.py: old, reference log-probs, values) ->
 the estimator's advantages -> update (mrl/update.py: epochs x mini x micro-batches, then the engine's `sync_weights`) ->
 step_metrics, log_step, checkpoint_if_due.  What the steps share (models, rollout engine, task and rewards, sinks,
 position) is a `Run`, built by `start_run`.  The loop never asks which engine generates (mrl.rollout.RolloutEngine).
@@ -115,12 +115,12 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
     # Dropped rollouts and lockstep padding rows never enter a loss.
     keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
     loss_mask = mask * keep.reshape(-1, 1).to(device)
-    trained = UpdateBatch(batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
+    update_batch = UpdateBatch(batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
     sums, mini_batches = {}, 0
     if not collected.skip_update:  # 4. optimizer steps; then the rollout engine samples the new weights
-        sums, mini_batches = update(cfg, run.actor, run.critic, trained)
+        sums, mini_batches = update(cfg, run.actor, run.critic, update_batch)
         run.engine.sync_weights(run.actor.module.policy)
     update_s = time.perf_counter() - update_start
 

@@ -61,7 +61,6 @@ class Tool:
         return None
 
 
-
 # --------------------------------------------------------------------------------------------- the seam
 
 
@@ -115,8 +114,8 @@ class ToolProtocol(Protocol):
         ...
 
     def turn(self, prompt: Prompt, text: str, reason: str | None, env: Environment | None = None) -> Turn:
-        """Read a finished turn: its decoded `text` and why it ended (END_OF_TURN, a stop string, or None when the
-        budget ran out); run the tool it calls (on `env`, the episode's world, when the task has one)."""
+        """Read a finished turn: its decoded `text` and why it ended (mrl.stops.END_OF_TURN, a stop string, or None
+        when the budget ran out); run the tool it calls (on `env`, the episode's world, when the task has one)."""
         ...
 
 
@@ -399,13 +398,11 @@ def read_call(body: str) -> tuple[str, Any, str | None]:
     return call["name"], arguments, None
 
 
-
 def tools_prompt(schemas: list[dict[str, Any]]) -> str:
     """The system prompt that declares tools to a chat template that does not render `tools=` (e.g. SmolLM2's)."""
     lines = ["You can call tools. To call one, write", call_text("<tool name>", {"<argument>": "<value>"}),
              "and end your message there; the result comes back in the next message. The tools:"]
     return "\n".join(lines + [json.dumps(s["function"]) for s in schemas])
-
 
 
 @dataclass(frozen=True)

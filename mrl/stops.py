@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 END_OF_TURN = "<end of turn>"  # first_stop's reason for a turn ended by an end-of-turn token
 
+
 @dataclass(frozen=True)
 class Stops:
     """How a turn ends: an end-of-turn token, or its text spelling one of `strings`.

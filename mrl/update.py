@@ -46,6 +46,7 @@ class UpdateBatch:
         return UpdateBatch(self.rollouts.take(rows), self.loss_mask[at], self.advantages[at], pick(self.returns),
                            pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
 
+
 def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
            batch: UpdateBatch) -> tuple[dict[str, float], int]:
     """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
@@ -83,6 +84,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
                     stats["grad_norm"] = grad_norm
                 accumulate(sums, stats)
     return sums, mini_batches
+
 
 def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
                warp=None) -> tuple[Tensor, dict[str, float]]:
@@ -123,11 +125,13 @@ def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, tem
     })
     return loss, stats
 
+
 def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> Tensor:
     """The clipped value loss of `values` [M, T] (the policy's value head, or PPO's separate critic) against
     `micro.returns`, aggregated as the policy loss is (over `micro.loss_mask`, divided by the mini-batch's `denom`)."""
     return aggregate(value_loss(values, micro.old_values, micro.returns, algo.value_clip), micro.loss_mask,
                      algo.loss_agg, denom)
+
 
 def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
     """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
@@ -137,10 +141,12 @@ def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float
         metrics.setdefault(key, None)
     return metrics
 
+
 def single_update(cfg: DictConfig) -> bool:
     """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated is
     the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second pass."""
     return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
+
 
 @torch.no_grad()
 def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
@@ -166,10 +172,12 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
     return cat(old), cat(ref), cat(values)
 
+
 def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
     """Add `stats` into `sums`, key by key."""
     for key, value in stats.items():
         sums[key] = sums.get(key, 0.0) + value
+
 
 def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:
     """This micro-batch's share of the token mean of `values` over its mini-batch of `tokens` generated tokens

@@ -1,11 +1,12 @@
 """Every check a run's config gets before anything is written.
 
 The schemas (mrl/config.py) refuse misspelt keys, wrong types and bad enum values while Hydra composes. What they
-cannot express is checked here: numeric ranges, the choices of plain-string keys, channels against the algorithm,
-the paths a run reads and the run dir it writes. `mrl train` runs `validate` from a Hydra callback (`Preflight`),
-before Hydra creates the run dir and writes `.hydra/` into it, and `train(cfg)` runs it again first thing (tests and
-the Python API compose configs without Hydra's callbacks). Each problem is one UserError: the key, the bad value,
-what is allowed, and the fix.
+cannot express is checked by `validate`: the one-value checks here (numeric ranges, the choices of plain-string
+keys), then each component's own `check(cfg)` (a registry's names, channels against the algorithm, the model and
+data a run reads, LoRA's targets); the run dir it writes is mrl.rundir's.  `mrl train` runs `validate` from a Hydra
+callback (`Preflight`), before Hydra creates the run dir and writes `.hydra/` into it, and `train(cfg)` runs it again
+first thing (tests and the Python API compose configs without Hydra's callbacks).  Each problem is one UserError:
+the key, the bad value, what is allowed, and the fix.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ BOUNDS = [
     Bound("model.lora.alpha", 0, strict=True, fix="the adapters' output is scaled by alpha / r; 2 * r is usual"),
     Bound("model.lora.dropout", 0, 1, below_high=True, fix="dropout on the adapters' input; 0 turns it off"),
 ]
+
+
 def check_values(cfg: DictConfig) -> None:
     """The checks of one value at a time (CHOICES, BOUNDS): no imports beyond OmegaConf, so they are quick."""
     for key, (choices, fix) in CHOICES.items():

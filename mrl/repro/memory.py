@@ -13,6 +13,8 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
 from mrl.algos import ESTIMATORS
 from mrl.config import CONF_DIR
 from mrl.models import load_causal_lm, resolve_model_path
@@ -35,8 +37,6 @@ def model_state_mb(algo: str, overrides: list[str]) -> float:
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"algo={algo}", *overrides])
-    import torch
-
     policy = load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
     bytes_per = 4  # float32 masters and moments whatever model.dtype says (mrl/precision.py); the reference too
     params = sum(p.numel() for p in policy.parameters())

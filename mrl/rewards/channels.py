@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from mrl.advantages import live_groups
+from mrl.algos import Estimator
 from mrl.config import Bound, UserError
 from mrl.episode import Episode
 
@@ -84,7 +85,7 @@ class RewardSet:
         """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
         return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
 
-    def live(self, shaped: Tensor, estimator) -> Tensor:
+    def live(self, shaped: Tensor, estimator: Estimator) -> Tensor:
         """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (an mrl.algos.Estimator) a
         non-zero advantage, at the weights the advantage uses (mrl.advantages.live_groups).  The algorithm's shaping
         channels (overlong) are left out: a group is not live because its rollouts differ in length shaping alone."""

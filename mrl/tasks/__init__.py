@@ -20,7 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 from mrl.config import UserError
 from mrl.data import DatasetTask, dataset_file
 from mrl.episode import Prompt
-from mrl.models import context_length
 from mrl.protocols import ProtocolSettings, ToolProtocol, make_protocol
 
 
@@ -85,6 +84,8 @@ CHARS_PER_TOKEN = 16
 def check(cfg) -> None:
     """The dataset a run reads (`data.path`), read as the run will, before Hydra creates the run dir."""
     if cfg.data.path:
+        from mrl.models import context_length  # start-up time: mrl.models imports torch, the tasks do not
+
         dataset_file(cfg.data.path)
         _check_dataset(cfg, context_length(cfg.model))
 
