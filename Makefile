@@ -140,7 +140,7 @@ repro-trainers: $(STAMP) ## The seven presets x 3 seeds as one multirun: curves,
 repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs gdpo x 3 seeds: where each switches (~15 min)
 	$(BIN)/python -m mrl.repro.weights
 
-repro-paper: $(STAMP) ## The GDPO paper's three settings (tool_call, math_length, code), grpo vs gdpo x 3 seeds (~20 min)
+repro-paper: $(STAMP) ## The GDPO paper's three settings (tool_call, math_length, code), grpo vs gdpo x 3 seeds (~35 min alone)
 	$(BIN)/python -m mrl.repro.paper
 
 repro-agent: export MALLOC_MMAP_THRESHOLD_ = 4294967296
