@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from mrl.distributed import exit_with_error  # imports no torch: the CLI starts fast
+from mrl.distributed import exit_with_error, is_main  # imports no torch: the CLI starts fast
 
 # A run dir's .hydra/config.yaml names the code that builds its task and rewards (docs/sandbox.md: threat model).
 TRUST_HELP = ("Build the run's task and rewards even where its .hydra/config.yaml names a _target_ outside mrl "
@@ -60,16 +60,9 @@ def hydra_train() -> None:
                             "launch each job of the sweep on its own (one torchrun/deepspeed command per job)")
     except UserError as err:
         exit_with_error(str(err))
-    if dist.world_size() > 1:
-        dist.init()
-        if not dist.is_main():
-            run_dir, code = dist.await_run_dir()
-            if code is not None:  # rank 0 stopped before training and said why
-                raise SystemExit(code)
-            sys.argv += [f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null", "hydra/job_logging=none"]
 
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-    def main(cfg) -> None:
+    def train_main(cfg) -> None:
         # Start-up time: torch and the trainer load once Hydra has composed the config and Preflight passed it.
         from mrl.checkpoint import CheckpointError
         from mrl.loop import train
@@ -87,14 +80,32 @@ def hydra_train() -> None:
             exit_with_error(str(err), code=1)
         except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
             exit_with_error(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
+        except RuntimeError as err:
+            if not dist.peer_lost(err):
+                raise
+            exit_with_error("another rank stopped (its error is above); this one stops too", code=1, every_rank=True)
         if dist.is_main():
             print(f"mrl: run dir {run_dir}")
 
+    with dist.process_group():  # under a launcher; ended with the command's exit code (dist.finish)
+        if dist.world_size() > 1 and not dist.is_main():
+            run_dir, code = dist.await_run_dir()
+            if code is not None:  # rank 0 stopped before training and said why
+                raise SystemExit(code)
+            sys.argv += [f"hydra.run.dir='{run_dir}'", "hydra.output_subdir=null", "hydra/job_logging=none"]
+        run_hydra(train_main)
+
+
+def run_hydra(task) -> None:
+    """Hydra runs `task` (@hydra.main: the run dir, multirun and the rest); rank 0 tells the other ranks if it
+    stopped before announcing a run dir."""
+    from mrl import distributed as dist
+
     code = 0
     try:
-        main()
+        task()
     except SystemExit as err:
-        code = 0 if err.code is None else err.code if isinstance(err.code, int) else 1
+        code = dist.exit_code_of(err)
         raise
     except BaseException:
         code = 1
@@ -157,6 +168,8 @@ def evaluate(
     from mrl.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
     from mrl.evaluate import evaluate as evaluate_run
 
+    if not is_main():  # under a launcher rank 0 evaluates; the others have nothing to add and exit 0 at once
+        return
     args = args or []
     try:
         if model is not None:

@@ -17,6 +17,8 @@ What is global and what is per rank:
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Iterator, NoReturn, TypeVar
@@ -75,6 +77,74 @@ def init() -> None:
         torch.cuda.set_device(local_rank())
         backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=timedelta(minutes=30))
+
+
+def finish(exit_code: int) -> None:
+    """End this rank's part of a run whose exit code is `exit_code`: under a launcher, never leave the process group
+    to the interpreter's teardown, where gloo's threads still hold finished work and the C++ runtime aborts
+    (SIGABRT, "terminate called without an active exception", about one two-rank run in 15).
+
+    - 0 (every rank finished the run: each has made the same collectives): meet in a barrier, then destroy the
+      group, and exit as usual.  A rank that failed after the last collective never reaches the barrier; the
+      launcher stops this one when that rank exits.
+    - anything else: the peers may be inside a collective this rank will never join, so destroying the group (a
+      collective) could wait for ever.  Leave at once with `exit_code` (os._exit, after flushing the streams and
+      the logs): the launcher sees it and stops the other ranks; no teardown runs, so nothing aborts."""
+    if not _active():
+        return
+    import torch.distributed as dist
+
+    if exit_code == 0:
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+            return
+        except Exception as err:  # noqa: BLE001  a peer left mid-way: the run did not end alike on every rank
+            print(f"mrl: error: [rank {rank()}] another rank stopped before the end of the run ({err})",
+                  file=sys.stderr)
+            exit_code = 1
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(exit_code)
+
+
+def peer_lost(err: BaseException) -> bool:
+    """`err` is a collective failing because another rank's process is gone (it stopped on an error of its own,
+    said above by that rank): gloo reports the connection to it reset or closed."""
+    return _active() and isinstance(err, RuntimeError) and any(
+        sign in str(err) for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+
+
+@contextmanager
+def process_group() -> Iterator[None]:
+    """The process group of one command (`mrl train`, `mrl sft`): started on entry under a launcher, ended by
+    `finish` with the command's exit code, whatever the way out (return, SystemExit, an exception)."""
+    init()
+    code = 1
+    try:
+        yield
+        code = 0
+    except SystemExit as err:
+        code = exit_code_of(err)
+        raise
+    except BaseException:
+        if _active():  # finish leaves by os._exit: the interpreter would never print it
+            traceback.print_exc()
+        raise
+    finally:
+        finish(code)
+
+
+def exit_code_of(err: SystemExit) -> int:
+    """The process exit code a SystemExit gives (None: 0; a message: 1).
+
+    >>> exit_code_of(SystemExit()), exit_code_of(SystemExit(3)), exit_code_of(SystemExit("bye"))
+    (0, 3, 1)
+    """
+    return 0 if err.code is None else err.code if isinstance(err.code, int) else 1
 
 
 def _active() -> bool:
@@ -263,8 +333,6 @@ def exit_with_error(message: str, code: int = 2, every_rank: bool = False) -> No
     """Print `mrl: error: <message>` (one line) and exit with `code`.  Under a launcher only rank 0 prints an error
     that every rank meets alike (a config error, an agreed stop); `every_rank` for one that a rank may meet alone (a
     reward channel failing on its rows), prefixed with the rank."""
-    import sys
-
     if is_main():
         print(f"mrl: error: {message}", file=sys.stderr)
     elif every_rank:
