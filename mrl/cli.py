@@ -42,8 +42,9 @@ def main() -> None:
     app(prog_name="mrl")
 
 
-def hydra_train() -> None:
-    """Build and run the @hydra.main entry point (imports are deferred so `mrl --help` stays fast)."""
+def hydra_train(config_name: str = "train") -> None:
+    """Build and run the @hydra.main entry point of `mrl train` (config_name train) or `mrl sft` (sft); imports are
+    deferred so `mrl --help` stays fast."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -61,17 +62,23 @@ def hydra_train() -> None:
     except UserError as err:
         exit_with_error(str(err))
 
-    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+    @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
     def train_main(cfg) -> None:
         # Start-up time: torch and the trainer load once Hydra has composed the config and Preflight passed it.
         from mrl.checkpoint import CheckpointError
-        from mrl.loop import train
         from mrl.rewards.channels import RewardError
         from mrl.rundir import Interrupted, resume_hint
 
+        if config_name == "sft":  # (each stage's loop imports torch: loaded only once it runs)
+            from mrl.sft import sft as run
+        else:
+            from mrl.loop import train as run  # (start-up time, as above)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
-            train(cfg, run_dir)
+            if cfg.stage != config_name.replace("train", "rl"):
+                raise UserError(f"stage={cfg.stage}: `mrl {config_name}` runs stage "
+                                f"{config_name.replace('train', 'rl')}; leave the stage key as it is")
+            run(cfg, run_dir)
         except UserError as err:
             exit_with_error(str(err))
         except RewardError as err:
@@ -99,7 +106,7 @@ def hydra_train() -> None:
 def run_hydra(task) -> None:
     """Hydra runs `task` (@hydra.main: the run dir, multirun and the rest); rank 0 tells the other ranks if it
     stopped before announcing a run dir."""
-    from mrl import distributed as dist
+    from mrl import distributed as dist  # imported by its callers' start-up path, as here: no torch
 
     code = 0
     try:
@@ -119,6 +126,14 @@ def train(ctx: typer.Context) -> None:
     """Train. All arguments go to Hydra: overrides (algo=dapo trainer.seed=1), -m, --cfg job, --help."""
     sys.argv = ["mrl train", *ctx.args]
     hydra_train()
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def sft(ctx: typer.Context) -> None:
+    """Supervised fine-tuning on the task's demonstrations (or data.path=conversations.jsonl): the warm start for
+    `mrl train trainer.init_from=RUN_DIR`.  All arguments go to Hydra, as for train (conf/sft.yaml)."""
+    sys.argv = ["mrl sft", *ctx.args]
+    hydra_train("sft")
 
 
 @app.command()

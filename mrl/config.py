@@ -274,6 +274,26 @@ class TrainerConfig:
     eval_every: int = 0
     eval_prompts: int = 32
     eval_samples: int = 0
+    # A warm start: an `mrl sft` (or `mrl train`) run dir, or one of its checkpoints; its newest intact checkpoint's
+    # policy is this run's starting point and KL reference (LoRA adapters merged into the base), its lineage
+    # recorded in lineage.json (mrl/warm_start.py).  null: model.name_or_path.
+    init_from: Optional[str] = None
+
+
+@dataclass
+class SftConfig:
+    """`mrl sft`: supervised fine-tuning on a task's demonstrations (mrl/sft.py)."""
+
+    lr: float = 2e-5
+    epochs: float = 1.0  # passes over the demonstrations (fractions allowed), unless `steps` is set
+    steps: int = 0  # optimizer steps (0: from `epochs`)
+    batch_size: int = 4  # demonstrations per optimizer step (over all ranks)
+    micro_batch_size: int = 4  # demonstrations per forward/backward (gradient accumulation up to batch_size)
+    warmup_steps: int = 0  # the learning rate rises linearly from 0 over these steps, then stays at `lr`
+    max_seq_len: int = 1024  # a longer demonstration is cut to it, with one warning naming the records cut
+    max_records: int = 512  # demonstrations drawn from a generator task (agent_triple, tool_call, calc_agent)
+    eval_every: int = 0  # a held-out evaluation every N steps (and at step 0 and the end; 0: only those two)
+    save_every: int = 1000  # a checkpoint every N steps, and after the last
 
 
 @dataclass
@@ -296,6 +316,7 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
+    stage: str = "rl"  # rl: `mrl train` (conf/train.yaml); sft: `mrl sft` (conf/sft.yaml)
     algo: AlgoConfig = MISSING
     rewards: RewardsConfig = MISSING
     model: ModelConfig = MISSING
@@ -304,6 +325,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
 
 
 def register_configs() -> None:

@@ -6,6 +6,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mrl.config import UserError
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -53,6 +55,34 @@ class ToolCall:
     valid: bool = True
     cut: bool = False
     user_turn: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One turn of the policy in a demonstration, as it would write it: a message (`content`), or tool calls
+    (`calls`: (name, arguments) pairs; one call a turn where results come back, every call of the answer in one
+    turn where the calls are the answer).  mrl.demonstrations plays it through the episode's own protocol."""
+
+    content: str = ""
+    calls: tuple[tuple[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """A solved episode of a train-split prompt: the prompt, and the policy's turns that solve it (the
+    environment's answers in between come from playing them: mrl.demonstrations.play).  `source` names the record
+    (an id, a line of a file) in messages."""
+
+    prompt: Prompt
+    replies: tuple[Reply, ...]
+    source: str
+
+
+def train_split_only(split: str, task: str) -> None:
+    """Demonstrations come from the train split alone: a held-out prompt is never trained on, by SFT either."""
+    if split != "train":
+        raise UserError(f"{task}: demonstrations of split {split!r} asked for; only the 'train' split becomes "
+                        "demonstrations (the held-out prompts are never trained on)")
 
 
 @dataclass

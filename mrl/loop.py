@@ -58,6 +58,7 @@ from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 from mrl.update import UpdateBatch, score_rollouts, single_update, update, update_metrics
 from mrl.validation import validate
+from mrl.warm_start import warm_start
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -187,7 +188,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
 
     # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
     resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
-    tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from)
+    tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from, run_dir)
     if dist.world_size() > 1:  # identical weights everywhere (above); from here each rank samples its own tokens
         seed_everything(trainer.seed + 1_000_003 * dist.rank())
 
@@ -284,13 +285,16 @@ def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
                     run.identity)
 
 
-def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None):
+def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None,
+                 run_dir: Path | None = None):
     """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head; LoRA
     adapters with model.lora.r > 0) and its optimizer, a separate critic with its own (PPO+model), a frozen reference
-    (kl_coef > 0)."""
+    (kl_coef > 0).  All start from model.name_or_path, or from trainer.init_from's checkpoint (mrl/warm_start.py)."""
     algo, trainer = cfg.algo, cfg.trainer
-    with dist.main_first():  # the built-in tiny model is built once, by rank 0
+    with dist.main_first():  # the built-in tiny model is built once, by rank 0; a warm start's model dir too
         init_path = resolve_model_path(cfg.model)
+        if trainer.get("init_from") and run_dir is not None:
+            init_path = warm_start(trainer.init_from, cfg.model, run_dir)
     tokenizer = load_tokenizer(init_path)
     actor_module = Actor(load_policy(cfg.model, init_path, device, resume_from), value_head=algo.critic == "head")
     actor_module.check_logits()  # the logits the trainer scores are those the model's own forward gives

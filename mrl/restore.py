@@ -37,6 +37,15 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}
 
 
+def adapter_base(policy_dir: Path) -> str | None:
+    """The model dir the adapters were trained on, when adapter_config.json names a directory that exists (a warm
+    start's merged model, trainer.init_from); else None: model.name_or_path."""
+    import json
+
+    base = json.loads((policy_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    return base if isinstance(base, str) and Path(base).is_dir() else None
+
+
 def merged_policy(checkpoint: Path, cfg: ModelConfig) -> nn.Module:
     """A LoRA checkpoint's policy as a plain transformers model, float32, on CPU: the base at model.name_or_path with
     the adapters merged in at full precision (their float32 masters where model.dtype rounded policy/, with or
@@ -44,7 +53,8 @@ def merged_policy(checkpoint: Path, cfg: ModelConfig) -> nn.Module:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(cfg), dtype=MASTER)
+    base = AutoModelForCausalLM.from_pretrained(adapter_base(checkpoint / "policy") or resolve_model_path(cfg),
+                                                dtype=MASTER)
     policy = PeftModel.from_pretrained(base, str(checkpoint / "policy"), torch_device="cpu")
     adapters = {k.removeprefix("policy."): v.float() for k, v in trained_weights(checkpoint).items()
                 if k.startswith("policy.")}

@@ -347,7 +347,8 @@ def _warn_once(message: str) -> None:
 # ---- what a resume must not change -----------------------------------------------------------------------------
 
 def run_identity(cfg) -> dict[str, Any]:
-    """The algorithm and the reward set of a run, as config keys: a resume that changes any of them is refused."""
+    """The stage (`mrl train`: rl, `mrl sft`: sft), algorithm and reward set of a run, as config keys: a resume that
+    changes any of them is refused."""
     def plain(value):
         return value.value if isinstance(value, Enum) else value
 
@@ -357,7 +358,8 @@ def run_identity(cfg) -> dict[str, Any]:
     if model.get("tiny") is not None:  # the built-in model's architecture and vocabulary are these keys
         shape.update({f"model.tiny.{k}": v for k, v in model.tiny.items() if k != "init_seed"})
     return {
-        "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage), "algo.critic": plain(cfg.algo.critic),
+        "stage": cfg.get("stage", "rl"), "algo": cfg.algo.name, "algo.advantage": plain(cfg.algo.advantage),
+        "algo.critic": plain(cfg.algo.critic),
         "rewards": cfg.rewards.name, "rewards.channels": list(cfg.rewards.channels), **shape,
         "world_size": dist.world_size(),
     }

@@ -116,8 +116,11 @@ class Progress:
     """A rich progress bar (step, ETA, per-channel rewards) on a terminal; a plain line every `every` steps
     otherwise (CI logs, pipes)."""
 
-    def __init__(self, total: int, start: int, channels: list[str], every: int):
-        self.total, self.channels, self.every = total, channels, max(every, 1)
+    def __init__(self, total: int, start: int, channels: list[str], every: int, name: str = "train",
+                 shown: dict[str, str] | None = None):
+        """`shown`: {label: metric key} next to the bar (default: each channel's mean reward)."""
+        self.total, self.every = total, max(every, 1)
+        self.shown = shown if shown is not None else {c: f"reward/{c}/mean" for c in channels}
         self.interactive = sys.stdout.isatty()
         self.started = time.perf_counter()
         self.first = start
@@ -125,13 +128,13 @@ class Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
 
-            self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            self.bar = RichProgress(TextColumn(f"[bold]{name}"), BarColumn(), MofNCompleteColumn(),
                                     TimeRemainingColumn(), TextColumn("{task.fields[rewards]}"))
-            self.task = self.bar.add_task("train", total=total, completed=start, rewards="")
+            self.task = self.bar.add_task(name, total=total, completed=start, rewards="")
             self.bar.start()
 
     def _rewards(self, metrics: dict[str, Any]) -> str:
-        values = {c: metrics.get(f"reward/{c}/mean") for c in self.channels}
+        values = {label: metrics.get(key) for label, key in self.shown.items()}
         return " ".join(f"{c}={'-' if v is None else f'{v:.3g}'}" for c, v in values.items())
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:

@@ -54,6 +54,16 @@ BOUNDS = [
                                        "off"),
     Bound("trainer.eval_prompts", 1, fix="held-out prompts scored at each evaluation (32 by default)"),
     Bound("trainer.eval_samples", 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only"),
+    Bound("sft.lr", 0, strict=True, fix="AdamW's learning rate for SFT: 2e-5 suits SmolLM2-135M"),
+    Bound("sft.epochs", 0, strict=True, fix="passes over the demonstrations (1.0: one)"),
+    Bound("sft.steps", 0, fix="optimizer steps; 0 takes them from sft.epochs"),
+    Bound("sft.batch_size", 1, fix="demonstrations per optimizer step"),
+    Bound("sft.micro_batch_size", 1, fix="demonstrations per forward and backward"),
+    Bound("sft.warmup_steps", 0, fix="0 starts at sft.lr"),
+    Bound("sft.max_seq_len", 8, fix="the most tokens of one demonstration, prompt included (1024 by default)"),
+    Bound("sft.max_records", 1, fix="demonstrations drawn from a generator task"),
+    Bound("sft.eval_every", 0, fix="a held-out evaluation every N SFT steps; 0: at the start and the end only"),
+    Bound("sft.save_every", 1, fix="a checkpoint every N SFT steps (and after the last)"),
     Bound("algo.adv_eps", 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)"),
     Bound("algo.epochs", 1, fix="passes over each batch"),
     Bound("algo.clip_low", 0, 1, below_high=True, fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; PPO "
@@ -96,11 +106,11 @@ def validate(cfg: DictConfig) -> None:
     (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     check_values(cfg)
     # Start-up time: the components import torch; imported once the plain checks passed, so refusals come fast.
-    from mrl import algos, engine, lora, models, protocols, rollout, tasks
+    from mrl import algos, engine, lora, models, protocols, rollout, tasks, warm_start
     from mrl.rewards import channels
 
     for check in (rollout.check, algos.check, protocols.check, engine.check, channels.check, models.check, tasks.check,
-                  lora.check):
+                  lora.check, warm_start.check):
         check(cfg)
 
 

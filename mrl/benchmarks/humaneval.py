@@ -344,6 +344,11 @@ class HumanEvalTask:
     its `messages` ask for the whole function; meta carries tests, task_id, id, entry_point and prefix (the prompt),
     which mrl.tasks.code.program completes."""
 
+    # `mrl sft` reads this instead of demonstrations: imitating the canonical solutions would teach the answers.
+    no_demonstrations = ("HumanEval has no train split of its own (164 problems, all a benchmark): imitating its "
+                         "canonical solutions would teach the benchmark's answers; mrl's split of it is for RL on its "
+                         "tests")
+
     def __init__(self, seed: int = 0, eval_fraction: float = 0.2):
         self.seed = seed
         self.train, self.eval = split_train_eval([_prompt(p) for p in _problems()], eval_fraction, SPLIT_SEED)

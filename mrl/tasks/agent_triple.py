@@ -20,7 +20,7 @@ import random
 from itertools import zip_longest
 from typing import Any
 
-from mrl.episode import Episode, Prompt
+from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.protocols import Tool
 
 CALC, HACK = "calc", "hack"
@@ -53,6 +53,14 @@ class AgentTriple:
                  for i in range(self.fewshot)]
         messages = [m for shot in shots for m in self._solved(shot)] + [self._ask(problem)]
         return Prompt(text=problem.text, meta=problem.meta, messages=messages)
+
+    def demonstrations(self, split: str = "train", count: int = 256) -> list[Demonstration]:
+        """The first `count` train prompts (a generator's train prompts are its indices 0, 1, ...; held-out ones
+        negative), each with its solved episode: a call to calc, whose result holds the answer, then the answer
+        (the words protocol ends at the result's digit; a chat model says it)."""
+        train_split_only(split, "rewards=agent_triple")
+        return [Demonstration(p, (Reply("", ((CALC, {}),)), Reply(str(p.meta["target"]))), f"prompt {i}")
+                for i, p in ((i, self.prompt(i)) for i in range(count))]
 
     def _problem(self, rng: random.Random) -> Prompt:
         op = rng.choice(self.ops)

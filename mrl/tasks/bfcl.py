@@ -20,9 +20,10 @@ from mrl.benchmarks import bfcl
 from mrl.benchmarks.bfcl_data import tool_schemas
 from mrl.config import UserError
 from mrl.data import EpochStream
-from mrl.episode import Prompt
+from mrl.episode import Demonstration, Prompt, Reply, train_split_only
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
+NO_FUNCTION_FITS = "None of the functions given can answer this request."
 FORMAT_HINT = ("Answer with the function call(s) only, each as <tool_call>{\"name\": ..., \"arguments\": {...}}"
                "</tool_call>, or with a short sentence if no function fits.")
 
@@ -80,6 +81,22 @@ class BfclTask:
     def eval_prompts(self) -> list[Prompt]:
         """The held-out records, in the package's order (never served by `prompt()`)."""
         return [self.to_prompt(e) for e in self.eval]
+
+    def demonstrations(self, split: str = "train") -> list[Demonstration]:
+        """Each train record answered with its gold calls (an allowed value per argument, optional ones omitted;
+        a parallel record's calls in one turn), where BFCL accepts them; an irrelevance record with a sentence and
+        no call."""
+        train_split_only(split, "rewards=bfcl")
+        demos = []
+        for entry in self.train:
+            if entry["category"] in IRRELEVANCE:
+                reply = Reply(NO_FUNCTION_FITS)
+            elif bfcl.grade(entry, bfcl.gold_calls(entry)):
+                reply = Reply("", tuple(bfcl.gold_calls(entry)))
+            else:
+                continue
+            demos.append(Demonstration(self.to_prompt(entry), (reply,), entry["id"]))
+        return demos
 
     def to_prompt(self, entry: dict[str, Any]) -> Prompt:
         messages = bfcl.messages(entry)

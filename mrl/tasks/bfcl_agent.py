@@ -22,8 +22,10 @@ from typing import Any
 from mrl.benchmarks import bfcl_agent as gym
 from mrl.config import UserError
 from mrl.data import EpochStream
-from mrl.episode import Prompt
+from mrl.episode import Demonstration, Prompt, Reply, train_split_only
 from mrl.tasks.bfcl import held_out
+
+DONE = "Done."  # the answer that hands a user turn back, in few-shot examples and demonstrations
 
 
 class BfclWorld:
@@ -153,6 +155,24 @@ class BfclAgentTask:
                 and {gym.parse_call(c)[0] for c in e["ground_truth"][0]} <= offered]
         return random.Random(f"bfcl_agent-shots/{self.seed}/{entry['id']}").sample(fits, min(self.fewshot, len(fits)))
 
+    def demonstrations(self, split: str = "train") -> list[Demonstration]:
+        """Each train entry's whole transcript: in every user turn, each ground-truth call as a turn of its own (its
+        real result comes back from the entry's world when played), then a short answer that hands the turn back
+        (none after a turn that spends `max_calls_per_turn`).  Entries needing more calls in a turn are left out."""
+        train_split_only(split, "rewards=bfcl_agent")
+        demos = []
+        for entry in self.train:
+            turns = gym.gold_calls(entry)
+            if any(len(calls) > self.max_calls_per_turn for calls in turns):
+                continue
+            replies = []
+            for calls in turns:
+                replies += [Reply("", (call,)) for call in calls]
+                if len(calls) < self.max_calls_per_turn:
+                    replies.append(Reply(DONE))
+            demos.append(Demonstration(self.to_prompt(entry), tuple(replies), entry["id"]))
+        return demos
+
     def environment(self, prompt: Prompt) -> BfclWorld:
         return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs, self.gold_only)
 
@@ -168,4 +188,4 @@ def _solved(entry: dict) -> list[dict]:
         call = {"type": "function", "function": {"name": name, "arguments": arguments}}
         messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
                      {"role": "tool", "name": name, "content": world.call_string(text)[1]}]
-    return messages + [{"role": "assistant", "content": "Done."}]
+    return messages + [{"role": "assistant", "content": DONE}]

@@ -20,7 +20,7 @@ import random
 import re
 from typing import Any
 
-from mrl.episode import Episode, Prompt
+from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.protocols import Tool
 from mrl.tasks.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 
@@ -42,6 +42,17 @@ class CalcAgent:
         messages = [m for shot in shots for m in self._solved(shot)] + [self._ask(problem)]
         return Prompt(text=problem.text, meta=problem.meta, messages=messages)
 
+    def demonstrations(self, split: str = "train", count: int = 256) -> list[Demonstration]:
+        """The first `count` train prompts (a generator's train prompts are its indices 0, 1, ...; held-out ones
+        negative), each with its solved episode: a call to calc with the two numbers, then the answer in a sentence."""
+        train_split_only(split, "rewards=calc_agent")
+        demos = []
+        for i in range(count):
+            prompt = self.prompt(i)
+            call = (CALC, {"a": prompt.meta["a"], "b": prompt.meta["b"]})
+            demos.append(Demonstration(prompt, (Reply("", (call,)), Reply(answer_sentence(prompt))), f"prompt {i}"))
+        return demos
+
     def _problem(self, rng: random.Random) -> Prompt:
         a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
         return Prompt(text=f"add {a} {b} =", meta={"a": a, "b": b, "target": a + b})
@@ -55,7 +66,7 @@ class CalcAgent:
         call = {"type": "function", "function": {"name": CALC, "arguments": arguments}}
         return [self._ask(problem), {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "name": CALC, "content": self.calc(problem, arguments)},
-                {"role": "assistant", "content": f"The answer is {problem.meta['target']}."}]
+                {"role": "assistant", "content": answer_sentence(problem)}]
 
     @staticmethod
     def calc(prompt: Prompt, arguments: dict[str, Any] | None = None) -> str:
@@ -64,6 +75,10 @@ class CalcAgent:
             return str(int(arguments["a"]) + int(arguments["b"]))
         except (TypeError, ValueError, KeyError):
             return "error: a and b must be integers"
+
+
+def answer_sentence(problem: Prompt) -> str:
+    return f"The answer is {problem.meta['target']}."
 
 
 def final_answer(episode: Episode) -> int | None:

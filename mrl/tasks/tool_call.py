@@ -17,7 +17,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from mrl.episode import Episode, Prompt
+from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.protocols import Tool
 
 OP_TO_TOOL = {"add": "calc", "max": "lookup"}
@@ -42,6 +42,18 @@ class ToolCallTask:
                       meta={"call": {"name": OP_TO_TOOL[op], "arguments": args}, "tools": TOOL_PARAMS},
                       messages=[{"role": "user", "content": question}])
 
+
+    def demonstrations(self, split: str = "train", count: int = 256) -> list[Demonstration]:
+        """The first `count` train prompts (a generator's train prompts are its indices 0, 1, ...; held-out ones
+        negative), each with its solved episode: the right tool called with the two numbers (`calc 3 7` in words)."""
+        train_split_only(split, "rewards=tool_call")
+        demos = []
+        for i in range(count):
+            prompt = self.prompt(i)
+            call = prompt.meta["call"]
+            arguments = dict(zip(TOOL_PARAMS[call["name"]], map(int, call["arguments"])))
+            demos.append(Demonstration(prompt, (Reply("", ((call["name"], arguments),)),), f"prompt {i}"))
+        return demos
 
     def dataset_prompt(self, prompt: Prompt) -> Prompt:
         """A dataset record without `tools` declares the tool it should call, alone (parameters from its arguments;
