@@ -274,6 +274,10 @@ class TrainerConfig:
     eval_every: int = 0
     eval_prompts: int = 32
     eval_samples: int = 0
+    # The held-out evaluation generates in chunks of at most this many rows x (prompt + max_new_tokens) tokens,
+    # prompts of like length together (mrl.evaluate.in_chunks): its KV cache stays within about this many tokens'
+    # worth (SmolLM2-135M: 46 KB a token, 0.75 GB at 16384) whatever trainer.eval_prompts is.
+    eval_batch_tokens: int = 16384
     # A warm start: an `mrl sft` (or `mrl train`) run dir, or one of its checkpoints; its newest intact checkpoint's
     # policy is this run's starting point and KL reference (LoRA adapters merged into the base), its lineage
     # recorded in lineage.json (mrl/warm_start.py).  null: model.name_or_path.

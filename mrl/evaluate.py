@@ -74,17 +74,50 @@ class HeldOut:
 
 
 def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampling, samples: int, protocol,
-                   reward_set: RewardSet) -> HeldOut:
+                   reward_set: RewardSet, batch_tokens: int) -> HeldOut:
     """Generate and score the held-out episodes: greedy (one per prompt) and, with `samples` > 0, sampled per
     `sampling` (the training's temperature, top_p, top_k: pass@k of the distribution the run samples from).  A
-    failing channel is recorded (NaN), not raised: an evaluation must not stop a training run."""
-    greedy = engine.generate(prompts, 1, replace(sampling, greedy=True), protocol)
+    failing channel is recorded (NaN), not raised: an evaluation must not stop a training run.
+
+    Generated in chunks (`in_chunks`) of at most `batch_tokens` rows x (prompt + max_new_tokens) tokens, prompts of
+    like length together: the KV cache, the memory that grows with the rows, is bounded by the budget whatever the
+    number of prompts, and short prompts are not padded to the longest."""
+    greedy = in_chunks(engine, prompts, 1, replace(sampling, greedy=True), protocol, batch_tokens)
     greedy.rewards, greedy.failed = reward_set.score(greedy.episodes, "drop")
     sampled = None
     if samples > 0:
-        sampled = engine.generate(prompts, samples, replace(sampling, greedy=False), protocol)
+        sampled = in_chunks(engine, prompts, samples, replace(sampling, greedy=False), protocol, batch_tokens)
         sampled.rewards, sampled.failed = reward_set.score(sampled.episodes, "drop")
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
+
+
+def length_chunks(lengths: list[int], per_row: int, group_size: int, batch_tokens: int) -> list[list[int]]:
+    """Prompt indices in chunks, shortest prompts first, each chunk's groups x group_size rows x (its longest prompt
+    + per_row) tokens within `batch_tokens` (a chunk holds one group at least).
+
+    >>> length_chunks([30, 10, 20, 10], per_row=10, group_size=1, batch_tokens=60)
+    [[1, 3], [2], [0]]
+    """
+    chunks: list[list[int]] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        rows = (len(chunks[-1]) + 1) * group_size if chunks else 0
+        if not chunks or rows * (lengths[index] + per_row) > batch_tokens:
+            chunks.append([])
+        chunks[-1].append(index)
+    return chunks
+
+
+def in_chunks(engine: RolloutEngine, prompts: list[Prompt], group_size: int, sampling: Sampling, protocol,
+              batch_tokens: int) -> Rollouts:
+    """`engine.generate(prompts, group_size, ...)`, one chunk of `length_chunks` at a time, in `prompts`' order."""
+    lengths = [len(protocol.prompt_ids(p)) for p in prompts]
+    chunks = length_chunks(lengths, sampling.max_new_tokens, group_size, batch_tokens)
+    parts = [engine.generate([prompts[i] for i in chunk], group_size, sampling, protocol) for chunk in chunks]
+    if len(parts) == 1:
+        return parts[0]
+    order = [i for chunk in chunks for i in chunk]  # the prompt each generated group belongs to
+    rows = torch.tensor([order.index(p) * group_size + g for p in range(len(prompts)) for g in range(group_size)])
+    return Rollouts.concat(parts, engine.tokenizer.pad_token_id).take(rows)
 
 
 def passed(rewards: Tensor, names: list[str], pass_channel: str | None) -> Tensor | None:
@@ -336,7 +369,7 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
     engine = ROLLOUT_ENGINES.choose(cfg.rollout.engine)(cfg, policy, tokenizer, device)
     with separate_rng(seed, device):
         held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), samples,
-                              episode_protocol(cfg, tokenizer, task), reward_set)
+                              episode_protocol(cfg, tokenizer, task), reward_set, cfg.trainer.eval_batch_tokens)
     report = {**header, **summarize(held, cfg.rewards.pass_channel)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / EVAL_FILE, json.dumps(report, indent=2) + "\n")

@@ -249,7 +249,7 @@ def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
     prompts = nonempty_held_out(run.task, trainer.eval_prompts)
     with separate_rng(trainer.seed, run.device), run.actor.whole():
         held = score_held_out(run.engine, prompts, Sampling.of(trainer), trainer.eval_samples,
-                              episode_protocol(cfg, run.tokenizer, run.task), run.reward_set)
+                              episode_protocol(cfg, run.tokenizer, run.task), run.reward_set, trainer.eval_batch_tokens)
     return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
 
 

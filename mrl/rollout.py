@@ -433,6 +433,8 @@ class RolloutEngine(Protocol):
     so that the next rollouts sample the new weights; an engine that samples from the training module itself has
     nothing to do there.  Implementations are built by name from `ROLLOUT_ENGINES` (config: `rollout.engine`)."""
 
+    tokenizer: Any  # the policy's: its pad id joins the rollouts of several calls (mrl.evaluate.in_chunks)
+
     def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
                  protocol: ToolProtocol) -> Rollouts: ...
 

@@ -143,7 +143,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
         engine.sync_weights(actor.module.policy)
         with separate_rng(cfg.trainer.seed, device), actor.whole():
             held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), cfg.trainer.eval_samples, protocol,
-                                  reward_set)
+                                  reward_set, cfg.trainer.eval_batch_tokens)
         return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
 
     previous = resume_from.parent.parent / METRICS_FILE if resume_from else None

@@ -54,6 +54,8 @@ BOUNDS = [
                                        "off"),
     Bound("trainer.eval_prompts", 1, fix="held-out prompts scored at each evaluation (32 by default)"),
     Bound("trainer.eval_samples", 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only"),
+    Bound("trainer.eval_batch_tokens", 1, fix="rows x (prompt + max_new_tokens) tokens a held-out generate call may "
+                                              "hold (16384 by default): it bounds the evaluation's KV cache"),
     Bound("sft.lr", 0, strict=True, fix="AdamW's learning rate for SFT: 2e-5 suits SmolLM2-135M"),
     Bound("sft.epochs", 0, strict=True, fix="passes over the demonstrations (1.0: one)"),
     Bound("sft.steps", 0, fix="optimizer steps; 0 takes them from sft.epochs"),
