@@ -61,7 +61,8 @@ def mean_cost(rewards: Tensor) -> Tensor:
     present = ~torch.isnan(rewards)
     scored = present.sum(0)  # [K]
     total = torch.where(present, rewards, torch.zeros_like(rewards)).sum(0)  # [K]
-    return torch.where(scored > 0, -total / scored.clamp(min=1), torch.full_like(total, float("nan")))
+    cost = 0.0 - total / scored.clamp(min=1)  # 0.0 - : a cost of +0.0, not -0.0, where nothing was violated
+    return torch.where(scored > 0, cost, torch.full_like(total, float("nan")))
 
 
 def dual_step(lambdas: Tensor, cost: Tensor, budget: Tensor, lr: Tensor, lambda_max: Tensor) -> Tensor:

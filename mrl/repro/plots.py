@@ -34,9 +34,10 @@ def group_runs(runs: list[Run], key: Callable[[Run], str]) -> dict[str, list[Run
     return dict(groups)
 
 
-def plot_band(ax, runs: list[Run], metric: str, label: str, window: int = 20) -> None:
-    """Mean over runs (seeds) of the smoothed curve, shaded between the lowest and highest run."""
-    curves = [moving_average(run.series(metric), window) for run in runs if run.series(metric)]
+def plot_band(ax, runs: list[Run], metric: str, label: str, window: int = 20, sign: float = 1.0) -> None:
+    """Mean over runs (seeds) of the smoothed curve (of `sign` times the metric), shaded between the lowest and
+    highest run."""
+    curves = [moving_average([sign * v for v in run.series(metric)], window) for run in runs if run.series(metric)]
     if not curves:
         return
     length = min(len(c) for c in curves)
