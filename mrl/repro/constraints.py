@@ -43,7 +43,7 @@ def seed_row(name: str, run) -> dict:
     return {"setting": name, "seed": run.config.trainer.seed, f"violation_last{LAST}": mean, "violation_se": se,
             "within_budget": mean <= BUDGET + 2 * se,
             f"correctness_last{LAST}": run.mean_last("reward/correctness/mean", LAST),
-            "final_lambda": prices[-1] if prices else float("nan")}
+            "final_lambda": prices[-1] if prices else "-"}
 
 
 def arm_means(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -89,7 +89,7 @@ def main() -> None:
     rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]
     write_csv(REPORTS / NAME / "constraints.csv", rows)
     arms = arm_means(rows)
-    weight_arms = {n: a for n, a in arms.items() if "weight" in n}
+    weight_arms = {n: a for n, a in arms.items() if "safety weight" in n}
     veto = arms["gdpo + veto"]  # the budget arm's estimator, enforced by a veto
     veto_holds = all(a["violation_max_seed"] <= BUDGET for n, a in arms.items() if "veto" in n)
     advantages = next((n, a) for n, a in arms.items() if "scalarized advantages" in n)
