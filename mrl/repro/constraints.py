@@ -10,8 +10,10 @@ from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_c
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "constraints"
+# Four arms x 3 seeds x 500 steps: ~20 min on one shared CPU core.  The weights that are not outbid (1, 4) and the
+# veto on grpo_weighted were measured before the budget arms came (git log reports/constraints/summary.md).
 STEPS, SEEDS, LAST = 500, "0,1,2", 50
-WEIGHTS = "0.25,1,4"
+WEIGHTS = "0.25"
 BUDGET = 0.05
 # Correctness "matches" the veto arm's when the budget arm's mean over seeds is at most this much lower.
 MATCH = 0.02
@@ -78,8 +80,8 @@ def main() -> None:
     common = [f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"]
     weighted, weighted_cmd = multirun(f"{NAME}/weighted", ["algo=grpo_weighted", f"algo.weights.safety={WEIGHTS}",
                                                            *common])
-    enforced, enforced_cmd = multirun(f"{NAME}/enforced", ["algo=grpo_weighted,gdpo",
-                                                           "rewards.channels.safety.enforce=veto", *common])
+    enforced, enforced_cmd = multirun(f"{NAME}/enforced", ["algo=gdpo", "rewards.channels.safety.enforce=veto",
+                                                           *common])
     budgeted, budgeted_cmd = multirun(f"{NAME}/budget", ["algo=gdpo,grpo_weighted",
                                                          "rewards.channels.safety.enforce=budget",
                                                          f"rewards.channels.safety.budget={BUDGET}", *common])
