@@ -183,3 +183,24 @@ def test_two_ranks_pay_the_same_price_priced_on_every_rank_s_rollouts(tmp_path):
         assert ranks[0]["safety"] == record["constraint/safety/lambda"] + record["constraint/safety/cost"]
         assert (record["constraint/safety/cost"] * 16).is_integer()
     assert ranks[0]["safety"] > 0
+
+
+def test_the_report_draws_the_price_and_the_cost_against_the_budget(tmp_path):
+    from mrl.report import Run, make_report, priced_panels, priced_rows, report_figure
+
+    # Steps 1-4: price 0, 0.5, 1, 1.5; cost 0.5, 0.5, 0.5, 0.0; budget 0.05.  Last 2 steps' mean cost: 0.25.
+    records = [{"step": s, "reward/safety/mean": -c, "reward/total/mean": -c, "constraint/safety/lambda": lam,
+                "constraint/safety/cost": c, "constraint/safety/budget": 0.05}
+               for s, lam, c in [(1, 0.0, 0.5), (2, 0.5, 0.5), (3, 1.0, 0.5), (4, 1.5, 0.0)]]
+    (tmp_path / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    run = Run("gdpo/seed0", tmp_path, records)
+    assert priced_panels([run]) == [("safety: price (lambda)", "constraint/safety/lambda", None),
+                                    ("safety: cost vs budget", "constraint/safety/cost", "constraint/safety/budget")]
+    assert priced_rows([run], last=2) == (["run", "safety lambda", "safety cost", "safety budget"],
+                                          [["gdpo/seed0", "1.500", "0.250", "0.050"]])
+    figure = report_figure([run], ["gdpo/seed0"], ["safety", "total"], [], 1, priced_panels([run]))
+    budget = [t for t in figure.data if t.name == "budget 0.05"]
+    assert len(budget) == 1 and list(budget[0].y) == [0.05, 0.05] and list(budget[0].x) == [1, 4]
+    assert [list(t.y) for t in figure.data if t.name == "gdpo/seed0"][2] == [0.0, 0.5, 1.0, 1.5]  # the price panel
+    _, table = make_report([tmp_path], smooth=1, last=2)
+    assert f"| {tmp_path.name} | 1.500 | 0.250 | 0.050 |" in table  # labelled by its dir (no .hydra)
