@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from mrl.report import moving_average
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
@@ -37,7 +38,8 @@ def last_rates(run) -> list[float]:
 
 def seed_row(name: str, run) -> dict:
     """One run's row: its violation rate over the last LAST steps with the standard error of that mean (steps taken
-    as independent: they are not quite, so the error is a low estimate), correctness, and the final price."""
+    as independent: they are not quite, so the error is a low estimate), correctness, the final price, and the
+    transient: the peak of the violation rate (a 20-step moving average) and of the price."""
     rates = last_rates(run)
     mean = sum(rates) / len(rates)
     se = math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1) / len(rates)) if len(rates) > 1 else 0.0
@@ -45,7 +47,9 @@ def seed_row(name: str, run) -> dict:
     return {"setting": name, "seed": run.config.trainer.seed, f"violation_last{LAST}": mean, "violation_se": se,
             "within_budget": mean <= BUDGET + 2 * se,
             f"correctness_last{LAST}": run.mean_last("reward/correctness/mean", LAST),
-            "final_lambda": prices[-1] if prices else "-"}
+            "final_lambda": prices[-1] if prices else "-",
+            "peak_violation_ma20": max(moving_average([-v for v in run.series("reward/safety/mean")], 20)),
+            "peak_lambda": max(prices) if prices else "-"}
 
 
 def arm_means(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -56,16 +60,19 @@ def arm_means(rows: list[dict]) -> dict[str, dict[str, float]]:
     return {name: {"violation": sum(r[f"violation_last{LAST}"] for r in rs) / len(rs),
                    "violation_max_seed": max(r[f"violation_last{LAST}"] for r in rs),
                    "correctness": sum(r[f"correctness_last{LAST}"] for r in rs) / len(rs),
+                   "peak_violation": sum(r["peak_violation_ma20"] for r in rs) / len(rs),
+                   "final_lambda": sum(r["final_lambda"] if r["final_lambda"] != "-" else 0.0 for r in rs) / len(rs),
+                   "peak_lambda": sum(r["peak_lambda"] if r["peak_lambda"] != "-" else 0.0 for r in rs) / len(rs),
                    "all_within_budget": all(r["within_budget"] for r in rs)} for name, rs in arms.items()}
 
 
 def plot(groups: dict) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    for name, runs in groups.items():
-        plot_band(axes[0], runs, "reward/safety/mean", name, sign=-1)
-        plot_band(axes[1], runs, "reward/correctness/mean", name)
-        plot_band(axes[2], runs, "constraint/safety/lambda", name)
+    for i, (name, runs) in enumerate(groups.items()):  # an arm's colour is the same in every panel
+        plot_band(axes[0], runs, "reward/safety/mean", name, sign=-1, color=f"C{i}")
+        plot_band(axes[1], runs, "reward/correctness/mean", name, color=f"C{i}")
+        plot_band(axes[2], runs, "constraint/safety/lambda", name, color=f"C{i}")
     axes[0].axhline(BUDGET, color="black", linestyle="--", linewidth=1, label=f"budget {BUDGET:g}")
     axes[0].set_title("shortcut rate (violations per rollout)")
     axes[1].set_title("reward/correctness")
@@ -85,7 +92,12 @@ def main() -> None:
     budgeted, budgeted_cmd = multirun(f"{NAME}/budget", ["algo=gdpo,grpo_weighted",
                                                          "rewards.channels.safety.enforce=budget",
                                                          f"rewards.channels.safety.budget={BUDGET}", *common])
-    groups = group_runs(weighted + enforced + budgeted, label)
+    report(weighted + enforced + budgeted, [weighted_cmd, enforced_cmd, budgeted_cmd])
+
+
+def report(runs: list, commands: list[str]) -> None:
+    """The plot, the CSV and summary.md from the runs of the three multiruns and their commands."""
+    groups = group_runs(runs, label)
     plot(groups)
 
     rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]
@@ -99,7 +111,7 @@ def main() -> None:
     outbid = [n for n, a in weight_arms.items() if a["violation"] >= 0.2]
     budget_holds = advantages[1]["all_within_budget"]
     budget_pays = advantages[1]["correctness"] >= veto["correctness"] - MATCH
-    command = f"```\n{weighted_cmd}\n{enforced_cmd}\n{budgeted_cmd}\n```"
+    command = "```\n" + "\n".join(commands) + "\n```"
     verdict = [
         ("Outbid: " + ", ".join(f"{n} uses the shortcut in {weight_arms[n]['violation']:.0%} of rollouts"
                                 for n in outbid) + "." if outbid else "No safety weight tried was outbid."),
@@ -111,7 +123,12 @@ def main() -> None:
         + f"gdpo veto's {veto['correctness']:.3f} (" + ("matches or beats it" if budget_pays else "lower") + ").",
         f"Scalarized rewards at the same budget: {rewards[1]['violation']:.1%} of rollouts, "
         + ("within the budget in every seed" if rewards[1]["all_within_budget"] else "over the budget in some seed")
-        + f", correctness {rewards[1]['correctness']:.3f}.",
+        + f", correctness {rewards[1]['correctness']:.3f}; on the way there the violation rate peaked at "
+        + f"{rewards[1]['peak_violation']:.0%} with a price of up to {rewards[1]['peak_lambda']:.2f}, against "
+        + f"{advantages[1]['peak_violation']:.0%} and {advantages[1]['peak_lambda']:.2f} for scalarized advantages "
+        + f"(seed means). Final price: {advantages[1]['final_lambda']:.2f} and {rewards[1]['final_lambda']:.2f}"
+        + (": once the shortcut was gone the price fell back to 0 and the shortcut did not come back within the run, "
+           "so the budget ends unspent." if advantages[1]["final_lambda"] == rewards[1]["final_lambda"] == 0 else "."),
     ]
     write_summary(
         NAME,
