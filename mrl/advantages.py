@@ -12,6 +12,13 @@ How each departs from PPO (Schulman et al., 2017, GAE: Schulman et al., 2016):
 - DAPO (Yu et al., 2025) keeps GRPO's estimator; its changes (dynamic sampling of live groups, clip-higher,
   token-mean loss, overlong shaping) live in the rollout stage and the loss, not here.
 
+Constraints with a budget (Constrained GRPO: Girgis et al., 2026, arXiv 2602.05863): a channel enforced by a budget
+enters the weighted sum with its price, a Lagrange multiplier lambda >= 0 learned online (`dual_step`), as its weight.
+Its value is minus its cost, so under GDPO the advantage is A = sum_j w_j Z_j - lambda Z_cost with every Z standardized
+in its group (the paper's scalarized advantages: lambda stays the price of a violation whatever the channels' scales);
+under GRPO and PPO the rewards are summed first, r = sum_j w_j r_j - lambda cost (the paper's scalarized rewards,
+whose group normalization reweights the terms by their within-group std).
+
 Abstentions: a channel may return None for a rollout (NaN here).  GDPO leaves it out of that channel's group mean
 and std and gives it 0 on that channel; GRPO and PPO count it 0 in the weighted sum (TRL's nansum).
 """
@@ -42,6 +49,34 @@ def _weights(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
     if weights.shape != (num_channels,):
         raise ValueError(f"expected {num_channels} channel weights, got shape {tuple(weights.shape)}")
     return weights
+
+
+def mean_cost(rewards: Tensor) -> Tensor:
+    """J-hat, the mean cost per channel: minus the mean value over the rollouts that scored it.  rewards: [M, K], NaN =
+    abstained -> [K], NaN where no rollout scored the channel.
+
+    >>> mean_cost(torch.tensor([[-1.0], [0.0], [float("nan")], [0.0]]))  # one violation in 3 scored rollouts
+    tensor([0.3333])
+    """
+    present = ~torch.isnan(rewards)
+    scored = present.sum(0)  # [K]
+    total = torch.where(present, rewards, torch.zeros_like(rewards)).sum(0)  # [K]
+    cost = 0.0 - total / scored.clamp(min=1)  # 0.0 - : a cost of +0.0, not -0.0, where nothing was violated
+    return torch.where(scored > 0, cost, torch.full_like(total, float("nan")))
+
+
+def dual_step(lambdas: Tensor, cost: Tensor, budget: Tensor, lr: Tensor, lambda_max: Tensor) -> Tensor:
+    """One step of projected dual ascent on the constraints' prices (Safe RLHF, Dai et al., 2024; Girgis et al., 2026):
+    lambda <- min(lambda_max, max(0, lambda + lr * (cost - budget))).  All [C] -> [C].  A NaN cost (no rollout scored
+    the channel) leaves its lambda where it was.
+
+    >>> dual_step(torch.tensor([0.5, 0.5, 0.002]), torch.tensor([0.3, 0.05, 0.0]), torch.tensor([0.05] * 3),
+    ...           torch.tensor([0.1] * 3), torch.tensor([10.0] * 3))  # above, at, below the budget (clamped at 0)
+    tensor([0.5250, 0.5000, 0.0000])
+    """
+    moved = (lambdas + lr * (cost - budget)).clamp(min=0.0)
+    moved = torch.minimum(moved, lambda_max)
+    return torch.where(torch.isnan(cost), lambdas, moved)
 
 
 def varies(scores: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ continues exactly whatever model.dtype is (mrl/precision.py).
                       unpickles nothing: optimizer.pt is read with torch.load(weights_only=True) (tensors and plain
                       containers only); DeepSpeed reads its own deepspeed/ files with full pickle, so resume those
                       only from runs you trust (the checksums catch damage, not a forged manifest)
-  state.json          step and data position
+  state.json          step, data position, and the prices (lambda) of the constraints with a budget
   manifest.json       every file's size and sha256, and the run's algorithm, reward set and number of ranks
                       (mrl/rundir.py)
 A checkpoint is written to a temporary directory, fsynced with its manifest, and renamed into place; `latest` is

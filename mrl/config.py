@@ -95,6 +95,9 @@ class Sandbox(str, Enum):
 class Enforce(str, Enum):
     veto = "veto"  # a violating rollout gets every other channel's gated_value
     drop = "drop"  # a violating rollout is left out of the update
+    # The violation rate (the expected cost) may reach `budget`: the channel's price, a Lagrange multiplier, is
+    # learned online and is the channel's weight in the advantage (mrl/advantages.py: dual_step).
+    budget = "budget"
 
 
 @dataclass
@@ -150,6 +153,18 @@ class ChannelConfig:
     kind: ChannelKind = ChannelKind.reward
     enforce: Optional[Enforce] = None
     violation_below: float = 0.0
+    # enforce: budget (docs/constraints.md).  The channel's cost is minus its value (safety's -1 per violation is an
+    # indicator cost: its mean is the violation rate); `budget` is the allowed expected cost per episode.  Each step
+    # lambda <- min(lambda_max, max(0, lambda + lambda_lr * (mean cost - budget))), and lambda replaces `weight`.
+    # lambda_init 0: a budget that is met costs nothing.  lambda_lr 0.1: with an indicator cost 50 points over budget
+    # the price reaches a reward channel's weight (1) in ~20 steps, a few percent of a run, and falls back slowly
+    # (lambda_lr * budget a step) once the budget is met.  lambda_max 10: ten times a reward channel's weight, where
+    # the cost already decides every group's ranking; the cap keeps a budget no policy can meet from growing without
+    # end (a bound the dual ascent needs).
+    budget: Optional[float] = None
+    lambda_lr: float = 0.1
+    lambda_init: float = 0.0
+    lambda_max: float = 10.0
     # Conditioned reward (GDPO Eq. 8): pay this channel only where channel `condition_on` >= `threshold`, and
     # `gated_value` elsewhere (also what a vetoed rollout gets on this channel).
     condition_on: Optional[str] = None

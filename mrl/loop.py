@@ -127,6 +127,9 @@ def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[
 
     run.state["step"] = step  # 5. log and checkpoint
     metrics = step_metrics(step, collected, every, run.reward_set, run.estimator, algo, advantages, loss_mask)
+    if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
+        metrics.update(run.reward_set.update_prices(dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]))))
+        run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
     metrics.update(update_metrics(sums, mini_batches))
     generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
     metrics.update({  # times are rank 0's; memory is the largest rank's
@@ -163,8 +166,8 @@ class Run:
     wandb: WandbSink | None
     progress: Progress
     identity: dict[str, Any]  # goes into every checkpoint's manifest
-    state: dict[str, int]  # {"step", "prompt_position"}: what a checkpoint records; the step under way
-    completed: dict[str, int]  # the state of the last completed step: what a stop before an update saves
+    state: dict[str, Any]  # {"step", "prompt_position", "prices"}: what a checkpoint records; the step under way
+    completed: dict[str, Any]  # the state of the last completed step: what a stop before an update saves
     saved_step: int  # the last step checkpointed
     # From a step's first optimizer step to its end (logged), the weights are no longer the last completed step's.
     updating: bool = False
@@ -199,6 +202,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
             critic.load_optimizer(resume_from / "critic")
         load_rng_state(resume_from, dist.rank())
         state = json.loads((resume_from / "state.json").read_text())
+        reward_set.load_prices(state.get("prices"))  # the budgets' prices (lambda), exactly as saved
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))

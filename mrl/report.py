@@ -131,6 +131,22 @@ def train_panels(runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(c for r in runs for c in r.channels())) + ["total"]
 
 
+def priced_panels(runs: list[Run]) -> list[tuple[str, str, str | None]]:
+    """(title, key, reference key or None) of the panels of the constraints with a budget (enforce: budget): each
+    one's price, and its cost drawn against its budget.  [] when no run priced a constraint."""
+    names = list(dict.fromkeys(k.split("/")[1] for r in runs for k in r.keys()
+                               if k.startswith("constraint/") and k.endswith("/lambda")))
+    return [panel for name in names for panel in ((f"{name}: price (lambda)", f"constraint/{name}/lambda", None),
+                                                  (f"{name}: cost vs budget", f"constraint/{name}/cost",
+                                                   f"constraint/{name}/budget"))]
+
+
+def draw_budget(ax, runs: list[Run], key: str) -> None:
+    """The budgets the runs logged under `key`, as dashed horizontal lines (one per distinct budget)."""
+    for budget in sorted({v for run in runs for v in series(run, key)[1]}):
+        ax.axhline(budget, color="black", linestyle="--", linewidth=1, label=f"budget {budget:g}")
+
+
 def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smooth: int = 10) -> tuple[Path, str]:
     """Write the PNG (a panel per channel, a line per run, raw faint and smoothed over `smooth` steps solid; held-out
     panels in a second row when the runs evaluated), a markdown table of final means and the interactive page
@@ -145,19 +161,26 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
         raise ReportError("the runs have no logged steps yet")
     panels = train_panels(runs)
     held_out = eval_panels(runs)
-    cols = max(len(panels), len(held_out))
+    priced = priced_panels(runs)
+    cols = max(len(panels) + len(priced), len(held_out))
     fig, axes = plt.subplots(1 + bool(held_out), cols, figsize=(4.2 * cols, 3.4 * (1 + bool(held_out))),
                              squeeze=False)
     for ax, channel in zip(axes[0], panels):
         draw_train(ax, runs, f"reward/{channel}/mean", smooth)
         ax.set_title(f"train: {channel}" if held_out else channel)
     axes[0][len(panels) - 1].legend(fontsize=7, loc="best")
+    for ax, (title, key, reference) in zip(axes[0][len(panels):], priced):
+        draw_train(ax, runs, key, smooth)
+        if reference is not None:
+            draw_budget(ax, runs, reference)
+            ax.legend(fontsize=7, loc="best")
+        ax.set_title(title)
     for i, (title, keys) in enumerate(held_out):
         draw_eval(axes[1][i], runs, keys)
         axes[1][i].set_title(title)
         if len(keys) > 1 or i == len(held_out) - 1:  # several keys: the legend says which line is which
             axes[1][i].legend(fontsize=7, loc="best")
-    for row, used in zip(axes, (len(panels), len(held_out))):
+    for row, used in zip(axes, (len(panels) + len(priced), len(held_out))):
         for ax in row[:used]:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -171,7 +194,7 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    table = final_table(runs, panels, last) + held_out_table(runs, held_out)
+    table = final_table(runs, panels, last) + priced_table(runs, last) + held_out_table(runs, held_out)
     png.with_suffix(".md").write_text(table + "\n")
     write_html_report(runs, png.with_suffix(".html"), last, smooth)
     return png, table
@@ -209,6 +232,30 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def final_table(runs: list[Run], panels: list[str], last: int) -> str:
     return FINAL_CAPTION.format(last=last) + "\n\n" + markdown_table(*final_rows(runs, panels, last))
+
+
+PRICED_CAPTION = "Constraints with a budget: the last price, and the mean cost over the last {last} steps"
+
+
+def priced_rows(runs: list[Run], last: int) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): per run, each budgeted constraint's last price, mean cost over `last` steps, and budget."""
+    names = [key.split("/")[1] for _, key, reference in priced_panels(runs) if reference is None]
+    header = ["run", *(f"{n} {part}" for n in names for part in ("lambda", "cost", "budget"))]
+
+    def last_value(run: Run, key: str) -> float | None:
+        return next((r[key] for r in reversed(run.records) if r.get(key) is not None), None)
+
+    rows = [[run.label, *(_cell(f(run, f"constraint/{n}/{part}")) for n in names
+                          for part, f in (("lambda", last_value), ("cost", lambda r, k: r.final_mean(k, last)),
+                                          ("budget", last_value)))] for run in runs]
+    return header, rows
+
+
+def priced_table(runs: list[Run], last: int) -> str:
+    """The budgeted constraints' table after two blank lines, or "" when no run priced one."""
+    if not priced_panels(runs):
+        return ""
+    return f"\n\n{PRICED_CAPTION.format(last=last)}\n\n" + markdown_table(*priced_rows(runs, last))
 
 
 def held_out_table(runs: list[Run], held_out: list[tuple[str, list[str]]]) -> str:
@@ -335,26 +382,38 @@ def eval_traces(run: Run, label: str, keys: list[str], style: tuple[str, str]) -
 
 
 def report_figure(runs: list[Run], labels: list[str], panels: list[str], held_out: list[tuple[str, list[str]]],
-                  smooth: int):
-    """One plotly figure: the training panels in a row, the held-out ones under them; a legend entry per run that
-    toggles the run in every panel (they share its legendgroup), and a menu showing one algo's runs."""
+                  smooth: int, priced: list[tuple[str, str, str | None]] = ()):
+    """One plotly figure: the training panels in a row (then the `priced` constraints' price and cost against the
+    budget), the held-out ones under them; a legend entry per run that toggles the run in every panel (they share
+    its legendgroup), and a menu showing one algo's runs."""
+    import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    cols = max(len(panels), len(held_out))
-    specs = [[{}] * len(panels) + [None] * (cols - len(panels))]
+    first = len(panels) + len(priced)
+    cols = max(first, len(held_out))
+    specs = [[{}] * first + [None] * (cols - first)]
     specs += [[{}] * len(held_out) + [None] * (cols - len(held_out))] if held_out else []
-    titles = [f"train: {c}" if held_out else c for c in panels] + [title for title, _ in held_out]
+    titles = [f"train: {c}" if held_out else c for c in panels] + [title for title, _, _ in priced]
+    titles += [title for title, _ in held_out]
     fig = make_subplots(rows=len(specs), cols=cols, specs=specs, subplot_titles=titles, horizontal_spacing=0.05,
                         vertical_spacing=0.14)
     styles = run_styles(labels)
     for run, label in zip(runs, labels):
         traces = [(t, 1, col) for col, c in enumerate(panels, 1)
                   for t in train_traces(run, label, f"reward/{c}/mean", smooth, styles[label])]
+        traces += [(t, 1, col) for col, (_, key, _) in enumerate(priced, len(panels) + 1)
+                   for t in train_traces(run, label, key, smooth, styles[label])]
         traces += [(t, 2, col) for col, (_, keys) in enumerate(held_out, 1)
                    for t in eval_traces(run, label, keys, styles[label])]
         for i, (trace, row, col) in enumerate(traces):
             trace.update(showlegend=i == 0, meta=run_group(label))
             fig.add_trace(trace, row=row, col=col)
+    for col, (_, _, reference) in enumerate(priced, len(panels) + 1):
+        for budget in sorted({v for run in runs for v in series(run, reference)[1]} if reference else ()):
+            last = max(r["step"] for run in runs for r in run.records)
+            fig.add_trace(go.Scatter(x=[1, last], y=[budget, budget], mode="lines", name=f"budget {budget:g}",
+                                     line=dict(color="black", dash="dash", width=1), showlegend=False,
+                                     hovertemplate=f"budget {budget:g}<extra></extra>"), row=1, col=col)
     fig.update_xaxes(title_text="step", title_standoff=4)
     fig.update_yaxes(title_text="mean reward", row=1, col=1)
     if held_out:
@@ -366,13 +425,15 @@ def report_figure(runs: list[Run], labels: list[str], panels: list[str], held_ou
 
 
 def algo_menu(fig) -> list[dict]:
-    """A dropdown: all runs, or one algo's runs (the others stay in the legend, a click away); none for one algo."""
-    groups = list(dict.fromkeys(trace.meta for trace in fig.data))
+    """A dropdown: all runs, or one algo's runs (the others stay in the legend, a click away); none for one algo.
+    A trace of no run (no meta: a budget line) stays shown."""
+    groups = list(dict.fromkeys(trace.meta for trace in fig.data if trace.meta is not None))
     if len(groups) < 2:
         return []
     buttons = [dict(label="all runs", method="restyle", args=[{"visible": True}])]
     buttons += [dict(label=f"{g} only", method="restyle",
-                     args=[{"visible": [True if t.meta == g else "legendonly" for t in fig.data]}]) for g in groups]
+                     args=[{"visible": [True if t.meta in (g, None) else "legendonly" for t in fig.data]}])
+                for g in groups]
     return [dict(buttons=buttons, x=0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(b=36), showactive=True)]
 
 
@@ -398,11 +459,14 @@ def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: i
     order = list(dict.fromkeys(run_group(r.label) for r in runs))  # a sweep's runs listed by algo, in the legend too
     runs = sorted(runs, key=lambda r: order.index(run_group(r.label)))
     labels, panels, held_out = distinct_labels(runs), train_panels(runs), eval_panels(runs)
+    priced = priced_panels(runs)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     csvs = write_run_csvs(runs, labels, out_path.parent / f"{out_path.stem}_data")
-    figure = report_figure(runs, labels, panels, held_out, smooth).to_html(
+    figure = report_figure(runs, labels, panels, held_out, smooth, priced).to_html(
         full_html=False, include_plotlyjs=True, div_id="curves", config={"displaylogo": False, "responsive": True})
     tables = html_table(FINAL_CAPTION.format(last=last), *final_rows(runs, panels, last))
+    if priced:
+        tables += "\n" + html_table(PRICED_CAPTION.format(last=last), *priced_rows(runs, last))
     if held_out:
         tables += "\n" + html_table(HELD_OUT_CAPTION, *held_out_rows(runs, held_out))
     links = "\n".join(f'<li><a href="{quote(path.relative_to(out_path.parent).as_posix())}">{escape(label)}</a> '
@@ -410,7 +474,7 @@ def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: i
     smoothing = f"a moving average over {smooth} steps, the raw values faint" if smooth > 1 else "raw values"
     about = (f"{len(runs)} run{'s' * (len(runs) > 1)}. Training curves: {smoothing}; held-out: each point a mean "
              "over the held-out prompts, unsmoothed. Hover a line for its step, run and value.")
-    cols = max(len(panels), len(held_out))
+    cols = max(len(panels) + len(priced), len(held_out))
     out_path.write_text(PAGE.format(title=escape(title), about=escape(about), min_width=300 * cols + 220,
                                     figure=figure, tables=tables, links=links))
     return out_path

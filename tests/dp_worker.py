@@ -2,7 +2,8 @@
 
 `python tests/dp_worker.py train ...` is `python -m mrl train ...` (mrl.cli.main), except that after each checkpoint
 every rank writes its whole parameters (gathered under ZeRO-3) to RUN_DIR/params_rank<r>_step<k>.pt, so the test
-can compare the ranks' weights; and `grads ...` runs one update on a fixed batch (see `grads`).
+can compare the ranks' weights (and its run state, state_rank<r>_step<k>.json: the constraints'
+prices); and `grads ...` runs one update on a fixed batch (see `grads`).
 With MRL_TEST_FULL_DISK_ON_RANK0=1 rank 0's writes of the policy dir fail as on a full disk (the other ranks'
 DeepSpeed writes go on); `dp_worker.AlwaysFails` is a reward channel that fails on every sample,
 `dp_worker.FailsOnRank1` one that fails on rank 1 alone.
@@ -27,6 +28,7 @@ def spy_on_checkpoints() -> None:
         with actor.whole():
             params = {k: v.detach().clone().float() for k, v in actor.module.state_dict().items()}
         torch.save(params, run_dir / f"params_rank{os.environ.get('RANK', '0')}_step{step}.pt")
+        (run_dir / f"state_rank{os.environ.get('RANK', '0')}_step{step}.json").write_text(json.dumps(state))
         return final
 
     loop.save_checkpoint = save_and_dump

@@ -16,7 +16,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from mrl.advantages import live_groups
+from mrl.advantages import dual_step, live_groups, mean_cost
 from mrl.algos import Estimator
 from mrl.config import Bound, UserError
 from mrl.episode import Episode
@@ -52,7 +52,7 @@ class ChannelSpec:
     name: str
     fn: Channel
     weight: float
-    enforce: str | None = None  # veto | drop, for constraints
+    enforce: str | None = None  # veto | drop | budget, for constraints
     kind: str = "reward"  # reward | constraint: a constraint's violations are counted, enforced or not
     violation_below: float = 0.0
     condition_on: str | None = None
@@ -64,6 +64,11 @@ class ChannelSpec:
     # Added by the algorithm (overlong), not by the task: logged and weighted like the others, but a group is not
     # live just because its rollouts differ in length shaping (DAPO filters on task outcomes).
     shaping: bool = False
+    # enforce=budget: the allowed expected cost (minus the value) per episode, and the dual step on its price
+    budget: float = 0.0
+    lambda_lr: float = 0.1
+    lambda_init: float = 0.0
+    lambda_max: float = 10.0
 
 
 class RewardSet:
@@ -79,11 +84,40 @@ class RewardSet:
                     f"rewards.channels.{spec.name}.condition_on={spec.condition_on!r} is not a channel; "
                     f"choose one of {self.names}"
                 )
+        # The price (Lagrange multiplier) of each constraint with a budget: run state, checkpointed in state.json.
+        self.prices = {s.name: s.lambda_init for s in specs if s.enforce == "budget"}
 
     @property
     def weights(self) -> Tensor:
-        """[K] weights entering the advantage; an enforced constraint is enforced instead of weighted (0)."""
-        return torch.tensor([0.0 if s.enforce else s.weight for s in self.specs])
+        """[K] weights entering the advantage: a constraint with a budget is weighted by its price (its value is minus
+        its cost, so it adds -price * cost); a vetoed or dropped one is enforced instead of weighted (0)."""
+        return torch.tensor([self.prices[s.name] if s.enforce == "budget" else 0.0 if s.enforce else s.weight
+                             for s in self.specs])
+
+    def update_prices(self, rewards: Tensor) -> dict[str, float]:
+        """The dual step on every budgeted constraint's price (mrl.advantages.dual_step), from `rewards` [M, K]: every
+        rollout generated this step on every rank (gathered, so every rank computes the same prices).  Returns the
+        step's constraint/<ch>/{lambda, cost, budget}: the price this step's advantages paid, and the mean cost."""
+        if not self.prices:
+            return {}
+        ks = [self.names.index(name) for name in self.prices]
+        specs = [self.specs[k] for k in ks]
+        column = lambda field: torch.tensor([getattr(s, field) for s in specs], dtype=torch.float64)  # noqa: E731
+        paid = torch.tensor(list(self.prices.values()), dtype=torch.float64)  # [C]
+        cost = mean_cost(rewards[:, ks].to(torch.float64))  # [C]
+        new = dual_step(paid, cost, column("budget"), column("lambda_lr"), column("lambda_max"))
+        self.prices = dict(zip(self.prices, new.tolist()))
+        metrics = {}
+        for c, spec in enumerate(specs):
+            metrics[f"constraint/{spec.name}/lambda"] = paid[c].item()
+            metrics[f"constraint/{spec.name}/cost"] = None if cost[c].isnan() else cost[c].item()
+            metrics[f"constraint/{spec.name}/budget"] = spec.budget
+        return metrics
+
+    def load_prices(self, saved: dict[str, float] | None) -> None:
+        """The prices a checkpoint's state.json recorded (exactly: JSON floats round-trip); a constraint it has no
+        price for (a checkpoint from before its budget) starts at its lambda_init."""
+        self.prices.update({name: float(v) for name, v in (saved or {}).items() if name in self.prices})
 
     def live(self, shaped: Tensor, estimator: Estimator) -> Tensor:
         """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (an mrl.algos.Estimator) a
@@ -138,7 +172,7 @@ class RewardSet:
                 continue
             violated = rewards[..., k] < spec.violation_below  # [B, G]
             stats[f"constraint/{spec.name}/violation_frac"] = violated.float().mean().item()
-            if spec.enforce is None:
+            if spec.enforce in (None, "budget"):  # a budget prices the cost in the advantage (its weight)
                 continue
             if spec.enforce == "veto":
                 vetoed = torch.where(violated[..., None], gated, shaped)  # every gate closed for a violator
@@ -236,6 +270,10 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
                 condition_on=ch.condition_on,
                 threshold=ch.threshold,
                 gated_value=ch.gated_value,
+                budget=ch.budget if ch.budget is not None else 0.0,
+                lambda_lr=ch.lambda_lr,
+                lambda_init=ch.lambda_init,
+                lambda_max=ch.lambda_max,
             )
         )
     if algo_cfg.overlong_buffer > 0:
@@ -273,6 +311,7 @@ def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[s
         if ch.enforce is not None and ch.kind.value != "constraint":
             raise UserError(f"rewards.channels.{name}.enforce needs kind: constraint (it is {ch.kind.value}); set "
                             f"rewards.channels.{name}.kind=constraint or drop the enforce")
+        check_budget(name, ch)
         if ch.condition_on is not None and ch.condition_on not in names:
             raise UserError(f"rewards.channels.{name}.condition_on={ch.condition_on!r} is not a channel; "
                             f"choose one of {names}")
@@ -290,6 +329,26 @@ def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[s
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 raise UserError(f"algo.weights.{name}={weight!r}: weights must be finite numbers")
     return channels, left_out
+
+
+def check_budget(name: str, ch: Any) -> None:
+    """A channel's budget keys: set together with enforce: budget, and within their bounds."""
+    key = f"rewards.channels.{name}"
+    budgeted = ch.enforce is not None and ch.enforce.value == "budget"
+    if budgeted and ch.budget is None:
+        raise UserError(f"{key}.enforce=budget needs {key}.budget: the allowed expected cost per episode (minus the "
+                        f"channel's mean value), e.g. {key}.budget=0.05 for a 5% violation rate")
+    if not budgeted and ch.budget is not None:
+        now = ch.enforce.value if ch.enforce is not None else None
+        raise UserError(f"{key}.budget={ch.budget} needs {key}.enforce=budget (it is {now}); set "
+                        f"{key}.enforce=budget, or drop the budget")
+    if not budgeted:
+        return
+    Bound("budget", 0, fix="the allowed expected cost per episode, e.g. 0.05").check(ch.budget, f"{key}.budget")
+    Bound("lambda_lr", 0, strict=True, fix="the dual step, e.g. 0.1").check(ch.lambda_lr, f"{key}.lambda_lr")
+    Bound("lambda_max", 0, strict=True, fix="the price's cap, e.g. 10").check(ch.lambda_max, f"{key}.lambda_max")
+    Bound("lambda_init", 0, ch.lambda_max, fix=f"a starting price within [0, {key}.lambda_max]").check(
+        ch.lambda_init, f"{key}.lambda_init")
 
 
 def check_pass_channel(rewards: Any, names: list[str]) -> None:
