@@ -178,6 +178,50 @@ def test_run_config_broken_or_foreign_targets(tmp_path):
     assert run_config(run).rewards.name == cfg.rewards.name
 
 
+SHELL = "import os; os.system('touch /tmp/owned')"
+
+
+@pytest.mark.parametrize("change, said", [
+    # Hydra follows attribute paths from any `mrl.` prefix: these ran code as root before the allow-list.
+    (lambda c: c["rewards"]["task"].update({"hook": {"_target_": "mrl.sandbox.run_tests", "code": SHELL,
+                                                     "sandbox": "process"}}),
+     "names _target_ 'mrl.sandbox.run_tests' at rewards.task.hook, where a run's config names no code"),
+    (lambda c: c["rewards"]["task"].update({"path": {"_target_": "mrl.rundir.Path", "_args_": ["/tmp/owned"]}}),
+     "names _target_ 'mrl.rundir.Path' at rewards.task.path, where a run's config names no code"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.rundir.atomic_write_text", "text": SHELL}),
+     "names _target_ 'mrl.rundir.atomic_write_text' at rewards.task, not one of mrl's own tasks and channels"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.tasks.code.os.system"}),
+     "names _target_ 'mrl.tasks.code.os.system' at rewards.task, not one of mrl's own tasks"),
+    (lambda c: c["model"].update({"chat_template_kwargs": {"x": {"_target_": "mrl.tasks.code.CodeTask"}}}),
+     "names _target_ 'mrl.tasks.code.CodeTask' at model.chat_template_kwargs.x, where a run's config names no"),
+    (lambda c: c["rewards"].update({"sandbox": "process"}),
+     "sets rewards.sandbox=process: the checkpoint's code would run outside the sandbox"),
+])
+def test_a_run_dir_from_elsewhere_names_only_mrls_own_tasks_and_channels(tmp_path, change, said):
+    """The probe's payloads: without --trust-config each is one line naming the key; nothing is built."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    cfg = OmegaConf.to_container(compose_config("rewards=code"))
+    change(cfg)
+    _saved_config(run, OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    with pytest.raises(UserError) as err:
+        run_config(run)
+    assert said in _one_line(err) and "--trust-config" in str(err.value)
+    assert not Path("/tmp/owned").exists()
+
+
+def test_every_shipped_rewards_config_passes_the_allow_list(tmp_path):
+    from omegaconf import OmegaConf
+
+    from mrl.config import CONF_DIR
+
+    for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
+        run = tmp_path / path.stem
+        _saved_config(run, OmegaConf.to_yaml(compose_config(f"rewards={path.stem}", shrink=False)))
+        assert run_config(run).rewards.name == path.stem
+
+
 # ---- bad inputs: one line, non-zero, nothing written --------------------------------------------------------------
 
 @pytest.mark.parametrize("line,why", [
