@@ -235,6 +235,17 @@ def test_metrics_lines_of_wrong_shape_name_the_line(tmp_path, line, why):
     assert f"{path}:2: " in _one_line(err) and why in str(err.value)
 
 
+def test_report_draws_a_run_whose_metrics_name_a_pass_at_k_that_is_no_number(tmp_path):
+    from mrl.report import Run, eval_panels
+
+    run = Run("a", tmp_path, [{"step": 0, "eval/pass@abc": 1.0, "eval/pass@2": 0.5, "eval/pass@1": 0.25,
+                               "eval/pass@" + "9" * 5000: 1.0}])
+    assert eval_panels([run]) == [("held-out: pass@k", ["eval/pass@1", "eval/pass@2"])]  # was int('abc')
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(run.records[0]) + "\n")
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+
+
 @pytest.mark.parametrize("args", [["--smooth", "0"], ["--last", "0"]])
 def test_report_refuses_zero_windows(tmp_path, args):
     result = CliRunner().invoke(app, ["report", str(tmp_path), *args])
