@@ -277,8 +277,8 @@ def _dataset(tmp_path: Path, lines: list) -> str:
 @pytest.mark.parametrize("records,why", [
     ([], "no train prompts"),
     ([{"question": "2+2"}], "missing the text field 'prompt'"),
-    ([{"prompt": "f?", "tests": "f(0) == 3"}], "`tests` must be a list"),
-    ([{"prompt": "x" * 200_000}], "cannot fit the model's context"),
+    ([{"prompt": "f?", "target": 1, "tests": "f(0) == 3"}], "`tests` must be a list"),
+    ([{"prompt": "x" * 200_000, "target": 1}], "cannot fit the model's context"),
 ])
 def test_dataset_errors_are_found_by_the_preflight(tmp_path, records, why):
     cfg = compose_config(f"data.path={_dataset(tmp_path, records * 3)}", "data.eval_fraction=0")
@@ -298,6 +298,67 @@ def test_a_data_error_leaves_no_run_dir(tmp_path):
     result = subprocess.run([*MRL, "train", f"data.path={_dataset(tmp_path, [])}", f"hydra.run.dir={run}",
                              "logger=none"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "no train prompts" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+HOSTILE_DATA = {
+    # The probe's dataset files: each passed the preflight and crashed after the run dir existed, or ran out of memory.
+    "invalid utf-8": (b'{"prompt": "add 1 2 =", "target": 3}\n{"prompt": "a\xff", "target": 1}\n',
+                      "line 2 is not UTF-8 (byte 0xff at byte offset 50 of the file); save the file as UTF-8"),
+    "utf-16": ('{"prompt": "add 1 2 =", "target": 3}\n'.encode("utf-16"),
+               "line 1 is not UTF-8 (byte 0xff at byte offset 0 of the file)"),
+    "5000 digits": (('{"prompt": "x", "target": ' + "9" * 5000 + "}\n").encode(),
+                    "line 1 has a number of 5000 characters (999999999999...), over the 100 allowed"),
+    "nested 5000 deep": (('{"prompt": "x", "target": ' + _deep(5000) + "}\n").encode(),
+                         "line 1 is nested deeper than 64 levels"),
+    "tools 900 deep": ((json.dumps({"prompt": "x", "target": 1, "tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {}}}}]})[:-3] + ', "deep": ' + _deep(900) + "}]}\n").encode(),
+        "line 1 is nested deeper than 64 levels"),
+    "tools of 100k properties": ((json.dumps({"prompt": "x", "target": 1, "tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100_000)}}}]}) + "\n").encode(),
+        "with its turns and tools ('x'...) cannot fit the model's context of 64 tokens"),
+    "tool_calls zzz": ((json.dumps({"target": 1, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": "zzz"},
+        {"role": "user", "content": "add 1 2 ="}]}) + "\n").encode(),
+        "record 0: messages[1].tool_calls = \"zzz\" is not a list of calls of an assistant turn"),
+    "no target": (b'{"prompt": "add 1 2 ="}\n', "record 0 is missing the required field 'target'"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_DATA)
+def test_a_hostile_dataset_file_is_one_line_naming_the_record_before_the_run(tmp_path, name):
+    content, said = HOSTILE_DATA[name]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as err:
+        validate(compose_config(f"data.path={path}", "data.eval_fraction=0"))
+    assert said in _one_line(err)
+
+
+@pytest.mark.parametrize("rewards, record, said", [
+    ("tool_call", {"prompt": "add 3 7 ="}, "record 0 is missing the required field 'call'"),
+    ("tool_call", {"prompt": "add 3 7 =", "call": "zzz"}, "record 0: `call` must be {\"name\""),
+    ("code", {"prompt": "x + 3 ="}, "record 0 is missing the required field 'tests'"),
+    ("math_length", {"prompt": "max 3 7 ="}, "record 0 is missing the required field 'answer'"),
+])
+def test_the_fields_a_tasks_channels_read_are_required_by_the_preflight(tmp_path, rewards, record, said):
+    """Before: a record without `call` stopped the run at its first scoring, 46 s in, after the run dir existed."""
+    cfg = compose_config(f"rewards={rewards}", f"data.path={_dataset(tmp_path, [record] * 3)}", "data.eval_fraction=0")
+    with pytest.raises(UserError) as err:
+        validate(cfg)
+    assert said in _one_line(err)
+
+
+def test_a_utf16_dataset_leaves_no_run_dir(tmp_path):
+    run, path = tmp_path / "run", tmp_path / "data.jsonl"
+    path.write_bytes(HOSTILE_DATA["utf-16"][0])
+    result = subprocess.run([*MRL, "train", f"data.path={path}", f"hydra.run.dir={run}", "logger=none"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "line 1 is not UTF-8" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not run.exists()
 
 

@@ -27,6 +27,8 @@ INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"ty
 
 
 class ToolCallTask:
+    record_fields = ("call",)  # what its channels read from a dataset record (mrl.tasks.check)
+
     def __init__(self, seed: int = 0):
         self.seed = seed
         self.tools = {"calc": Tool("calc", "Adds two integers.", INTEGERS),
