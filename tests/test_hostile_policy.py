@@ -305,7 +305,8 @@ def hostile_turns(e: dict) -> list[str]:
 
 
 def gold_scores(hermes, entries: list[str]) -> dict[str, dict]:
-    tasks = {c: BfclAgentTask(categories=[c], eval_percent=0, max_calls_per_turn=20) for c in gym.CATEGORIES}
+    # max_calls_per_turn: BFCL's ground truth makes up to 34 calls in one user turn
+    tasks = {c: BfclAgentTask(categories=[c], eval_percent=0, max_calls_per_turn=40) for c in gym.CATEGORIES}
     found = {}
     for entry_id in entries:
         task = tasks[entry_id.rsplit("_", 1)[0]]
@@ -318,7 +319,7 @@ def test_the_ground_truth_as_a_policy_scores_as_its_replay_before_and_after_a_ho
     perfect = {"correctness": 1.0, "turns": 1.0, "efficiency": 0.0, "safety": 0.0}
     assert all(gym.replay(entry(i), gym.gold_calls(entry(i))) == perfect for i in MUTATED)
     assert gold_scores(hermes, MUTATED) == {i: perfect for i in MUTATED}
-    task = BfclAgentTask(categories=["multi_turn_long_context"], eval_percent=0, max_calls_per_turn=20)
+    task = BfclAgentTask(categories=["multi_turn_long_context"], eval_percent=0, max_calls_per_turn=40)
     for entry_id in ("multi_turn_long_context_155", "multi_turn_long_context_147"):
         play(hermes, task, entry_id, hostile_turns(task.entries[entry_id]) + ["Done.<|im_end|>"] * 8)
     assert gold_scores(hermes, MUTATED) == {i: perfect for i in MUTATED}
