@@ -202,8 +202,9 @@ def test_the_namespace_dies_with_the_call_even_when_its_init_ignores_its_parent(
     --die-with-parent.  run_tests returns only once every process of the call is gone: checked at once, no sleep."""
     import secrets
 
-    from mrl.sandbox import launcher
     from test_sandbox_escapes import _alive
+
+    from mrl.sandbox import launcher
 
     base = launcher._bwrap_base
 
