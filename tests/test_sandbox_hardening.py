@@ -213,8 +213,8 @@ def test_the_namespace_dies_with_the_call_even_when_its_init_ignores_its_parent(
 
     monkeypatch.setattr(launcher, "_bwrap_base", without_pdeathsig)
     token = f"mrl-forker-{secrets.token_hex(6)}"
-    forker = "import os, time\\nwhile True:\\n    if os.fork() == 0:\\n        time.sleep(0.05)\\n        os._exit(0)\\n" \
-             "    time.sleep(0.01)"
+    forker = "import os, time\\nwhile True:\\n    if os.fork() == 0:\\n        time.sleep(0.05)\\n" \
+             "        os._exit(0)\\n    time.sleep(0.01)"
     code = UNDO + "\n".join([
         "import os, sys, time", "if os.fork() == 0:", "    os.setsid()",
         f"    os.execv(sys.executable, [sys.executable, '-S', '-c', '{forker}', {token!r}])",
