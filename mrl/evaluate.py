@@ -233,10 +233,6 @@ def run_config(run_dir: Path, trust_config: bool = False):
     return cfg
 
 
-# Where a run dir's config may name code (the node whose `_target_` it is), and what it may name there.
-TARGET_PLACES = ("rewards.task", "rewards.channels.<name>.fn")
-
-
 @lru_cache(maxsize=1)
 def allowed_targets() -> frozenset[str]:
     """mrl's own tasks and channels: every `_target_` of the shipped conf/rewards/*.yaml (classes, exactly: Hydra
@@ -249,8 +245,9 @@ def allowed_targets() -> frozenset[str]:
 
 def untrusted(config: Any, cfg) -> str | None:
     """What in a run dir's config (unresolved, and `cfg`, the typed one) would run code mrl does not ship, said
-    after the file's name, or None: a `_target_` not on the allow-list (`allowed_targets`), one anywhere but
-    TARGET_PLACES, or generated code run without the sandbox (rewards.sandbox, or a channel's own `sandbox`)."""
+    after the file's name, or None: a `_target_` not on the allow-list (`allowed_targets`), one anywhere but at
+    `rewards.task` and `rewards.channels.<name>.fn`, or generated code run without the sandbox (rewards.sandbox, or
+    a channel's own `sandbox`)."""
     channels = {f"rewards.channels.{name}.fn" for name in (config.get("rewards") or {}).get("channels") or {}} \
         if isinstance(config, dict) and isinstance(config.get("rewards"), dict) else set()
     for place, target in _targets(config):

@@ -190,7 +190,7 @@ def _time_limit(seconds: float):
 
 
 # Module-level data of BFCL's classes that their methods keep or change (TravelAPI's long-context credit cards are
-# module dicts a world's cards point into): each world gets its own copy, installed while it runs (_ModuleState).
+# module dicts a world's cards point into): each world gets its own copy, installed while it runs (_installed).
 _MUTABLE = (dict, list, set, bytearray)
 _LOCK = threading.RLock()  # one world runs at a time: the module-level data installed is that world's
 
