@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from mrl import bounded
 from mrl.config import UserError
 from mrl.episode import Prompt
 
@@ -49,17 +50,29 @@ def _parse_path(path: str | Path) -> tuple[Path, str | None]:
     return Path(text).expanduser(), split
 
 
+# A record's JSON: nesting (a tool's JSON schema is a few levels deep) and number literals bounded (mrl.bounded), so
+# that nothing read from a file crashes a recursive walk or Python's int() after the run dir exists.
+RECORD_DEPTH = 64
+RECORD_DIGITS = 100
+RECORD_CHARS = 64_000_000
+
+
 def _load_jsonl(path: Path) -> list[dict]:
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    records, offset = [], 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            start, offset = offset, offset + len(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}: line {lineno} is not UTF-8 (byte {raw[e.start]:#04x} at byte offset "
+                                f"{start + e.start} of the file); save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}: line {lineno} is not valid JSON ({e.msg} at column {e.colno}); "
-                                "each non-blank line must be one JSON object") from None
+                record = bounded.loads(line, RECORD_CHARS, RECORD_DEPTH, RECORD_DIGITS)
+            except bounded.Unreadable as e:
+                raise UserError(f"{path}: line {lineno} {e}; each non-blank line must be one JSON object") from None
             if not isinstance(record, dict):
                 raise UserError(f"{path}: line {lineno} is a JSON {type(record).__name__}, not an object; "
                                 "each non-blank line must be one JSON object such as {\"prompt\": \"...\"}")
@@ -72,9 +85,18 @@ def _load_parquet(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path).to_pylist()
+        return _bounded_records(pq.read_table(path).to_pylist(), str(path))
     except (pa.ArrowException, OSError) as e:
         raise UserError(f"{path}: not a readable Parquet file ({e})") from None
+
+
+def _bounded_records(records: list[dict], shown: str) -> list[dict]:
+    """Records parsed by another reader (Parquet, HF datasets), bounded as a JSONL line is."""
+    for i, record in enumerate(records):
+        problem = bounded.check(record, RECORD_DEPTH)
+        if problem:
+            raise UserError(f"{shown}: record {i} {problem}; flatten the record")
+    return records
 
 
 def _load_hf_dir(path: Path, split: str | None, shown: str) -> list[dict]:
@@ -98,7 +120,7 @@ def _load_hf_dir(path: Path, split: str | None, shown: str) -> list[dict]:
     elif split is not None:
         raise UserError(f"dataset {shown!r} is a single Dataset with no splits, so {SPLIT_SEP}{split} does not apply; "
                         f"drop the {SPLIT_SEP}{split}")
-    return ds.to_list()
+    return _bounded_records(ds.to_list(), shown)
 
 
 def dataset_file(path: str | Path) -> tuple[Path, str | None]:
@@ -156,6 +178,14 @@ def record_messages(value: Any, where: str) -> list[dict[str, Any]]:
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content", ""), str):
             raise UserError(f"{where}: messages[{k}] = {json.dumps(m)[:80]} is not a turn; write "
                             f"{{\"role\": one of {list(ROLES)}, \"content\": \"...\"}}")
+        calls = m.get("tool_calls")
+        if calls is not None and (m["role"] != "assistant" or not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                and isinstance(c["function"].get("arguments", {}), (dict, str)) for c in calls)):
+            raise UserError(f"{where}: messages[{k}].tool_calls = {json.dumps(calls)[:80]} is not a list of calls "
+                            "of an assistant turn; write [{\"type\": \"function\", \"function\": {\"name\": \"...\", "
+                            "\"arguments\": {...}}}]")
     if value[-1]["role"] != "user":
         raise UserError(f"{where}: `messages` must end with the user's turn (the policy answers it), not a "
                         f"{value[-1]['role']!r} turn")
@@ -202,6 +232,19 @@ def record_tests(value: Any, where: str) -> list:
     return value
 
 
+def record_call(value: Any, where: str) -> dict:
+    """A tool-calling record's expected `call`: {"name": str, "arguments": {name: value} or [values]}."""
+    if not (isinstance(value, dict) and isinstance(value.get("name"), str)
+            and isinstance(value.get("arguments"), (dict, list))):
+        raise UserError(f"{where}: `call` must be {{\"name\": \"...\", \"arguments\": {{...}}}}, got "
+                        f"{json.dumps(value)[:80]}")
+    return value
+
+
+# Fields whose shape the channels rely on, checked wherever a record has them.
+FIELD_CHECKS = {"tests": record_tests, "call": record_call}
+
+
 def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) -> list[Prompt]:
     """One Prompt per record: text from `schema.text_field` (or the last user turn of `messages`), `messages` and
     `tools` to the Prompt's own fields, every other field (renamed per `schema.rename`) to meta."""
@@ -222,8 +265,9 @@ def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) ->
         if not isinstance(text, str):
             raise UserError(f"record {i}: text field {schema.text_field!r} must be a string, got "
                             f"{type(text).__name__} {text!r:.80}")
-        if _present(record, "tests"):
-            record_tests(record["tests"], f"record {i}")
+        for name, check in FIELD_CHECKS.items():
+            if _present(record, name):
+                check(record[name], f"record {i}")
         meta: dict[str, Any] = {}
         for key, value in record.items():
             if key in (schema.text_field, "messages", "tools"):

@@ -51,6 +51,20 @@ def torch_extensions_dir() -> Path:
     return Path.home() / ".cache" / "mrl" / "torch_extensions" / key
 
 
+def load_plain(path: Path) -> Any:
+    """A `.pt` file of tensors and plain containers (torch.load(weights_only=True): nothing is unpickled that could
+    run code); anything else is one line naming the file, not torch's page-long traceback."""
+    import pickle
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError) as err:
+        lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+        first = next((line for line in lines if "GLOBAL" in line or "Unpickler" in line), lines[0])  # what it refused
+        raise UserError(f"{path} is not a file of plain tensors that mrl loads ({first.strip()[:160]}); it was not "
+                        "written by mrl train, or was changed since: use another checkpoint") from None
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now, so that runs on one machine do not collide."""
     import socket
@@ -188,7 +202,7 @@ class Trainable:
         if self.engine is not None:
             self.engine.load_checkpoint(str(directory), tag=DS_TAG, load_module_strict=not self.frozen)
             return
-        state = torch.load(directory / OPTIMIZER_FILE, weights_only=True)
+        state = load_plain(directory / OPTIMIZER_FILE)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["grad_scaler"])
         if state["masters"] is not None:

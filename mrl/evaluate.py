@@ -16,6 +16,7 @@ import random
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -258,26 +259,57 @@ def run_config(run_dir: Path, trust_config: bool = False):
         raise UserError(f"{saved} is not a config mrl can read ({type(err).__name__}: {reason}); restore the file "
                         "`mrl train` wrote there, or score the checkpoint with --model DIR") from None
     if not trust_config:
-        foreign = [t for t in _targets(OmegaConf.to_container(loaded, resolve=False)) if not (
-            isinstance(t, str) and t.startswith("mrl."))]
-        if foreign:
-            raise UserError(f"{saved} names _target_ {str(foreign[0])[:80]!r}, outside mrl: building the run's task "
-                            "and rewards would run it; pass --trust-config if you trust where this run dir came "
-                            "from")
+        problem = untrusted(OmegaConf.to_container(loaded, resolve=False), cfg)
+        if problem:
+            raise UserError(f"{saved} {problem}: building the run's task and rewards would run code it chose; pass "
+                            "--trust-config if you trust where this run dir came from")
     return cfg
 
 
-def _targets(node: Any) -> Iterator[Any]:
-    """Every `_target_` value in a config container, at any depth."""
+@lru_cache(maxsize=1)
+def allowed_targets() -> frozenset[str]:
+    """mrl's own tasks and channels: every `_target_` of the shipped conf/rewards/*.yaml (classes, exactly: Hydra
+    follows attribute paths, so `mrl.` as a prefix reaches `mrl.sandbox.run_tests` and `mrl.rundir.Path`)."""
+    found = set()
+    for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
+        found.update(t for _, t in _targets(OmegaConf.to_container(OmegaConf.load(path), resolve=False)))
+    return frozenset(t for t in found if isinstance(t, str))
+
+
+def untrusted(config: Any, cfg) -> str | None:
+    """What in a run dir's config (unresolved, and `cfg`, the typed one) would run code mrl does not ship, said
+    after the file's name, or None: a `_target_` not on the allow-list (`allowed_targets`), one anywhere but at
+    `rewards.task` and `rewards.channels.<name>.fn`, or generated code run without the sandbox (rewards.sandbox, or
+    a channel's own `sandbox`)."""
+    channels = {f"rewards.channels.{name}.fn" for name in (config.get("rewards") or {}).get("channels") or {}} \
+        if isinstance(config, dict) and isinstance(config.get("rewards"), dict) else set()
+    for place, target in _targets(config):
+        if place not in channels and place != "rewards.task":
+            return f"names _target_ {str(target)[:80]!r} at {place or 'the top'}, where a run's config names no code"
+        if target not in allowed_targets():
+            return (f"names _target_ {str(target)[:80]!r} at {place}, not one of mrl's own tasks and channels "
+                    "(conf/rewards/*.yaml)")
+    sandboxes = [("rewards.sandbox", OmegaConf.select(cfg, "rewards.sandbox"))] + [
+        (f"rewards.channels.{name}.fn.sandbox", OmegaConf.select(cfg, f"rewards.channels.{name}.fn.sandbox"))
+        for name in (OmegaConf.select(cfg, "rewards.channels") or {})]
+    for key, value in sandboxes:
+        if value is not None and str(getattr(value, "value", value)) != "bwrap":
+            return f"sets {key}={getattr(value, 'value', value)}: the checkpoint's code would run outside the sandbox"
+    return None
+
+
+def _targets(node: Any, place: str = "") -> Iterator[tuple[str, Any]]:
+    """(the dotted key of the node, its `_target_` value) of every `_target_` in a config container, at any
+    depth."""
     if isinstance(node, dict):
         for key, value in node.items():
             if key == "_target_":
-                yield value
+                yield place, value
             else:
-                yield from _targets(value)
+                yield from _targets(value, f"{place}.{key}" if place else str(key))
     elif isinstance(node, list):
-        for value in node:
-            yield from _targets(value)
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{place}[{i}]")
 
 
 def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int = 0, out: Path | None = None,

@@ -19,12 +19,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from mrl import bounded
 from mrl.chat_template import CALL_CLOSE, CALL_OPEN, call_text, inspect_template
 from mrl.config import Registry, UserError
 from mrl.episode import Prompt, ToolCall
 from mrl.stops import Stops, word_level
 
 THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+MAX_CALL_CHARS = 100_000  # characters of one `<tool_call>` body
+# A token is seldom longer than this many characters: a tool's result is cut to budget * this before it is tokenized,
+# so that a result of megabytes costs no more to cut than one at the budget.
+CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
@@ -126,9 +131,12 @@ def _cut_to(tokenizer, text: str, limit: int, wrap: Callable[[str], str]) -> tup
     def encode(s: str) -> list[int]:
         return tokenizer(s, add_special_tokens=False).input_ids
 
+    text = text.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate is no text a tokenizer takes
+    cut = len(text) > limit * CHARS_PER_TOKEN  # a result may be megabytes: cut it before anything is tokenized
+    text = text[: limit * CHARS_PER_TOKEN]
     ids = encode(wrap(text))
     if len(ids) <= limit:
-        return ids, text, False
+        return ids, text, cut
     pieces = encode(text)
     keep = max(len(pieces) - (len(ids) - limit), 0)
     while True:
@@ -381,19 +389,25 @@ def read_call(body: str) -> tuple[str, Any, str | None]:
 
     >>> read_call('{"name": "calc", "arguments": {"a": 3}}'), read_call('{"name": "calc"}')[:2]
     (('calc', {'a': 3}, None), ('calc', {}))
+
+    Total: any text gives a call or an error (its size, nesting and numbers bounded by mrl.bounded), never an
+    exception: a policy cannot stop the trainer by what it writes.
+
+    >>> read_call('{"name": "calc", "arguments": ' + '[' * 1000)[2][:45]
+    'the tool call is nested deeper than 32 levels'
     """
     example = '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>'
     try:
-        call = json.loads(body.strip())
-    except json.JSONDecodeError as err:
-        return "", {}, f"the tool call is not valid JSON ({err.msg}); write {example}"
+        call = bounded.loads(body.strip(), MAX_CALL_CHARS)
+    except bounded.Unreadable as err:
+        return "", {}, f"the tool call {err}; write {example}"
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return "", {}, f"the tool call needs a \"name\"; write {example}"
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+            arguments = bounded.loads(arguments, MAX_CALL_CHARS)
+        except bounded.Unreadable:
             pass
     return call["name"], arguments, None
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig
-from mrl.engine import DS_TAG, OPTIMIZER_FILE
+from mrl.engine import DS_TAG, OPTIMIZER_FILE, load_plain
 from mrl.lora import adapter_weights, is_adapter_dir
 from mrl.models import load_causal_lm, resolve_model_path
 from mrl.precision import MASTER, compute_in, precision_for
@@ -27,7 +27,7 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         return get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag=DS_TAG)
-    masters = torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"]
+    masters = load_plain(checkpoint / OPTIMIZER_FILE)["masters"]
     if masters is not None:
         return masters
     if is_adapter_dir(checkpoint / "policy"):

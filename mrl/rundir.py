@@ -37,6 +37,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
+from mrl import bounded
 from mrl import distributed as dist
 from mrl.config import UserError
 
@@ -229,6 +230,93 @@ def _verify(checkpoint: Path) -> str | None:
             return f"{name} has {size} of its {entry['bytes']} bytes"
         if _sha256(path) != entry["sha256"]:
             return f"{name} does not match its sha256 (corrupted)"
+    return weights_problem(checkpoint)
+
+
+# safetensors dtypes -> bytes per element
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own bound on a header
+# config.json keys that size a model's layers: each is at most the weights the files hold, and so is layers * width.
+_SIZES = ("num_hidden_layers", "n_layer", "num_layers", "hidden_size", "n_embd", "d_model", "intermediate_size",
+          "n_inner", "ffn_dim", "num_attention_heads", "n_head", "num_key_value_heads", "vocab_size", "head_dim",
+          "num_experts", "num_local_experts")
+
+
+def weights_problem(checkpoint: Path) -> str | None:
+    """Why a checkpoint's weights cannot be loaded as they say, in a few words naming the file, or None: a
+    safetensors header that is not JSON within bounds or whose tensors do not tile the file, or a config.json
+    whose sizes need more weights than the safetensors beside it hold (`num_hidden_layers: 1000000` with a
+    megabyte of weights builds for minutes before anything is read).  The checksums bind the files to the manifest,
+    not the manifest to an honest trainer: these bound what the files make the loader do."""
+    elements: dict[Path, int] = {}
+    for path in sorted(checkpoint.rglob("*.safetensors")):
+        counted = _safetensors_elements(path)
+        if isinstance(counted, str):
+            return f"{path.relative_to(checkpoint)} {counted}"
+        elements[path.parent] = elements.get(path.parent, 0) + counted
+    for config in sorted(checkpoint.rglob("config.json")):
+        if config.parent in elements:
+            problem = _config_problem(config, elements[config.parent])
+            if problem:
+                return f"{config.relative_to(checkpoint)} {problem}"
+    return None
+
+
+def _safetensors_elements(path: Path) -> int | str:
+    """The tensor elements a safetensors file holds, or what is wrong with its header."""
+    size = path.stat().st_size
+    with open(path, "rb") as file:
+        prefix = file.read(8)
+        length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+        if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+            return f"has a broken header (it declares {length} header bytes in a file of {size})"
+        text = file.read(length).decode("utf-8", errors="replace")
+    try:
+        header = bounded.loads(text, MAX_HEADER_BYTES, max_depth=4)
+    except bounded.Unreadable as err:
+        return f"has a broken header (it {err})"
+    if not isinstance(header, dict):
+        return "has a broken header (not a JSON object)"
+    spans, total = [], 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape, offsets = (info.get("shape"), info.get("data_offsets")) if isinstance(info, dict) else (None, None)
+        width = _DTYPE_BYTES.get(info.get("dtype")) if isinstance(info, dict) else None
+        if not (width and isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+            return f"has a broken header (tensor {str(name)[:60]!r}: no dtype, shape and data_offsets)"
+        count = 1
+        for d in shape:
+            count *= d
+        if offsets[1] - offsets[0] != count * width or offsets[0] < 0:
+            return f"has a broken header (tensor {str(name)[:60]!r} of shape {shape} is not its bytes)"
+        spans.append(offsets)
+        total += count
+    spans.sort()
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])) or (spans and spans[0][0] != 0) \
+            or (spans[-1][1] if spans else 0) != size - 8 - length:
+        return "has a broken header (its tensors do not tile the file's data)"
+    return total
+
+
+def _config_problem(config: Path, elements: int) -> str | None:
+    try:
+        values = bounded.loads(config.read_text(encoding="utf-8"), 10_000_000)
+    except (bounded.Unreadable, UnicodeDecodeError, OSError) as err:
+        return f"is not a readable model config ({str(err)[:80]})"
+    if not isinstance(values, dict):
+        return "is not a readable model config (not a JSON object)"
+    layers = next((values[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if type(values.get(k)) is int),
+                  1)
+    width = next((values[k] for k in ("hidden_size", "n_embd", "d_model") if type(values.get(k)) is int), 1)
+    for key in _SIZES:
+        value = values.get(key)
+        if type(value) is int and not 0 <= value <= elements:
+            return f"says {key}={value}, beyond the {elements} weights its safetensors hold"
+    if layers * width > elements:
+        return (f"says {layers} layers of width {width}, more than the {elements} weights its safetensors hold")
     return None
 
 

@@ -153,6 +153,82 @@ def test_no_intact_checkpoint_is_one_clear_error(run):
         check_run_dir(config(f"trainer.resume={run / CHECKPOINTS / 'step_000002'}"), run / "elsewhere")
 
 
+# ---- forged checkpoints: files changed and the manifest sealed again (the checksums then match) -----------------
+
+def forge(checkpoint: Path, change) -> None:
+    """Change a checkpoint's files and seal it again, as whoever hands over a run dir can."""
+    from mrl.rundir import seal_checkpoint
+
+    identity = json.loads((checkpoint / MANIFEST).read_text())["run"]
+    change(checkpoint)
+    (checkpoint / MANIFEST).unlink()
+    seal_checkpoint(checkpoint, identity)
+
+
+def broken_header(checkpoint: Path) -> None:
+    path = checkpoint / "policy" / "model.safetensors"
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [10 ** 6, 10 ** 6]  # 4 TB said, a few bytes held
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+
+
+def absurd_config(checkpoint: Path) -> None:
+    path = checkpoint / "policy" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_hidden_layers": 10 ** 6}))
+
+
+@pytest.mark.parametrize("change, problem", [
+    (broken_header, "policy/model.safetensors has a broken header (tensor "),
+    (lambda c: (c / "policy" / "model.safetensors").write_bytes(b"\xff" * 64),
+     "policy/model.safetensors has a broken header (it declares 18446744073709551615 header bytes"),
+    (absurd_config, "policy/config.json says num_hidden_layers=1000000, beyond the "),
+])
+def test_a_forged_checkpoint_is_one_line_from_every_command(change, problem, run):
+    """Before: a 90-line traceback from `mrl eval`, "wrote" (rc 0) from `mrl export`, or minutes building a model of a
+    million layers; now one line naming the file, from resume, eval and export."""
+    from typer.testing import CliRunner
+
+    from mrl.cli import app
+    from mrl.evaluate import evaluate
+    from mrl.export import export
+
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config()))  # what `mrl train` writes
+    for step in ("step_000001", "step_000002", "step_000003"):
+        forge(run / CHECKPOINTS / step, change)
+    assert checkpoint_problem(run / CHECKPOINTS / "step_000003").startswith(problem)
+    start = time.perf_counter()
+    with pytest.raises(UserError, match="no intact checkpoint") as caught:
+        check_run_dir(resume_cfg(), run)
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(UserError) as caught:
+        evaluate(run, num_prompts=2, samples=0)
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(UserError) as caught:
+        export(run / CHECKPOINTS / "step_000003", run / "out")
+    assert f"this checkpoint cannot be used: {problem}" in str(caught.value)
+    result = CliRunner().invoke(app, ["export", str(run), "--out", str(run / "out")])
+    assert result.exit_code != 0 and "wrote" not in result.output and not (run / "out").exists()
+    assert time.perf_counter() - start < 30
+
+
+def test_a_pickled_optimizer_file_is_one_line_on_resume(run):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch owned",))
+
+    forge(run / CHECKPOINTS / "step_000003", lambda c: torch.save({"optimizer": Payload()}, c / "optimizer.pt"))
+    with pytest.raises(UserError) as caught:
+        train(resume_cfg("trainer.max_steps=4"), run)
+    said = str(caught.value)
+    assert "\n" not in said and "optimizer.pt is not a file of plain tensors" in said and "posix.system" in said
+    assert not Path("owned").exists()
+
+
 # ---- metrics.jsonl cut mid-line ----------------------------------------------------------------------------------
 
 def test_a_metrics_line_cut_mid_write_is_dropped_by_report_and_resume(run, capsys):

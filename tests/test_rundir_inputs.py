@@ -178,6 +178,50 @@ def test_run_config_broken_or_foreign_targets(tmp_path):
     assert run_config(run).rewards.name == cfg.rewards.name
 
 
+SHELL = "import os; os.system('touch /tmp/owned')"
+
+
+@pytest.mark.parametrize("change, said", [
+    # Hydra follows attribute paths from any `mrl.` prefix: these ran code as root before the allow-list.
+    (lambda c: c["rewards"]["task"].update({"hook": {"_target_": "mrl.sandbox.run_tests", "code": SHELL,
+                                                     "sandbox": "process"}}),
+     "names _target_ 'mrl.sandbox.run_tests' at rewards.task.hook, where a run's config names no code"),
+    (lambda c: c["rewards"]["task"].update({"path": {"_target_": "mrl.rundir.Path", "_args_": ["/tmp/owned"]}}),
+     "names _target_ 'mrl.rundir.Path' at rewards.task.path, where a run's config names no code"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.rundir.atomic_write_text", "text": SHELL}),
+     "names _target_ 'mrl.rundir.atomic_write_text' at rewards.task, not one of mrl's own tasks and channels"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.tasks.code.os.system"}),
+     "names _target_ 'mrl.tasks.code.os.system' at rewards.task, not one of mrl's own tasks"),
+    (lambda c: c["model"].update({"chat_template_kwargs": {"x": {"_target_": "mrl.tasks.code.CodeTask"}}}),
+     "names _target_ 'mrl.tasks.code.CodeTask' at model.chat_template_kwargs.x, where a run's config names no"),
+    (lambda c: c["rewards"].update({"sandbox": "process"}),
+     "sets rewards.sandbox=process: the checkpoint's code would run outside the sandbox"),
+])
+def test_a_run_dir_from_elsewhere_names_only_mrls_own_tasks_and_channels(tmp_path, change, said):
+    """The probe's payloads: without --trust-config each is one line naming the key; nothing is built."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    cfg = OmegaConf.to_container(compose_config("rewards=code"))
+    change(cfg)
+    _saved_config(run, OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    with pytest.raises(UserError) as err:
+        run_config(run)
+    assert said in _one_line(err) and "--trust-config" in str(err.value)
+    assert not Path("/tmp/owned").exists()
+
+
+def test_every_shipped_rewards_config_passes_the_allow_list(tmp_path):
+    from omegaconf import OmegaConf
+
+    from mrl.config import CONF_DIR
+
+    for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
+        run = tmp_path / path.stem
+        _saved_config(run, OmegaConf.to_yaml(compose_config(f"rewards={path.stem}", shrink=False)))
+        assert run_config(run).rewards.name == path.stem
+
+
 # ---- bad inputs: one line, non-zero, nothing written --------------------------------------------------------------
 
 @pytest.mark.parametrize("line,why", [
@@ -189,6 +233,17 @@ def test_metrics_lines_of_wrong_shape_name_the_line(tmp_path, line, why):
     with pytest.raises(UserError) as err:
         read_metrics(path)
     assert f"{path}:2: " in _one_line(err) and why in str(err.value)
+
+
+def test_report_draws_a_run_whose_metrics_name_a_pass_at_k_that_is_no_number(tmp_path):
+    from mrl.report import Run, eval_panels
+
+    run = Run("a", tmp_path, [{"step": 0, "eval/pass@abc": 1.0, "eval/pass@2": 0.5, "eval/pass@1": 0.25,
+                               "eval/pass@" + "9" * 5000: 1.0}])
+    assert eval_panels([run]) == [("held-out: pass@k", ["eval/pass@1", "eval/pass@2"])]  # was int('abc')
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(run.records[0]) + "\n")
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
 
 
 @pytest.mark.parametrize("args", [["--smooth", "0"], ["--last", "0"]])
@@ -222,8 +277,8 @@ def _dataset(tmp_path: Path, lines: list) -> str:
 @pytest.mark.parametrize("records,why", [
     ([], "no train prompts"),
     ([{"question": "2+2"}], "missing the text field 'prompt'"),
-    ([{"prompt": "f?", "tests": "f(0) == 3"}], "`tests` must be a list"),
-    ([{"prompt": "x" * 200_000}], "cannot fit the model's context"),
+    ([{"prompt": "f?", "target": 1, "tests": "f(0) == 3"}], "`tests` must be a list"),
+    ([{"prompt": "x" * 200_000, "target": 1}], "cannot fit the model's context"),
 ])
 def test_dataset_errors_are_found_by_the_preflight(tmp_path, records, why):
     cfg = compose_config(f"data.path={_dataset(tmp_path, records * 3)}", "data.eval_fraction=0")
@@ -243,6 +298,67 @@ def test_a_data_error_leaves_no_run_dir(tmp_path):
     result = subprocess.run([*MRL, "train", f"data.path={_dataset(tmp_path, [])}", f"hydra.run.dir={run}",
                              "logger=none"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "no train prompts" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not run.exists()
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+HOSTILE_DATA = {
+    # The probe's dataset files: each passed the preflight and crashed after the run dir existed, or ran out of memory.
+    "invalid utf-8": (b'{"prompt": "add 1 2 =", "target": 3}\n{"prompt": "a\xff", "target": 1}\n',
+                      "line 2 is not UTF-8 (byte 0xff at byte offset 50 of the file); save the file as UTF-8"),
+    "utf-16": ('{"prompt": "add 1 2 =", "target": 3}\n'.encode("utf-16"),
+               "line 1 is not UTF-8 (byte 0xff at byte offset 0 of the file)"),
+    "5000 digits": (('{"prompt": "x", "target": ' + "9" * 5000 + "}\n").encode(),
+                    "line 1 has a number of 5000 characters (999999999999...), over the 100 allowed"),
+    "nested 5000 deep": (('{"prompt": "x", "target": ' + _deep(5000) + "}\n").encode(),
+                         "line 1 is nested deeper than 64 levels"),
+    "tools 900 deep": ((json.dumps({"prompt": "x", "target": 1, "tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {}}}}]})[:-3] + ', "deep": ' + _deep(900) + "}]}\n").encode(),
+        "line 1 is nested deeper than 64 levels"),
+    "tools of 100k properties": ((json.dumps({"prompt": "x", "target": 1, "tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100_000)}}}]}) + "\n").encode(),
+        "with its turns and tools ('x'...) cannot fit the model's context of 64 tokens"),
+    "tool_calls zzz": ((json.dumps({"target": 1, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": "zzz"},
+        {"role": "user", "content": "add 1 2 ="}]}) + "\n").encode(),
+        "record 0: messages[1].tool_calls = \"zzz\" is not a list of calls of an assistant turn"),
+    "no target": (b'{"prompt": "add 1 2 ="}\n', "record 0 is missing the required field 'target'"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_DATA)
+def test_a_hostile_dataset_file_is_one_line_naming_the_record_before_the_run(tmp_path, name):
+    content, said = HOSTILE_DATA[name]
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError) as err:
+        validate(compose_config(f"data.path={path}", "data.eval_fraction=0"))
+    assert said in _one_line(err)
+
+
+@pytest.mark.parametrize("rewards, record, said", [
+    ("tool_call", {"prompt": "add 3 7 ="}, "record 0 is missing the required field 'call'"),
+    ("tool_call", {"prompt": "add 3 7 =", "call": "zzz"}, "record 0: `call` must be {\"name\""),
+    ("code", {"prompt": "x + 3 ="}, "record 0 is missing the required field 'tests'"),
+    ("math_length", {"prompt": "max 3 7 ="}, "record 0 is missing the required field 'answer'"),
+])
+def test_the_fields_a_tasks_channels_read_are_required_by_the_preflight(tmp_path, rewards, record, said):
+    """Before: a record without `call` stopped the run at its first scoring, 46 s in, after the run dir existed."""
+    cfg = compose_config(f"rewards={rewards}", f"data.path={_dataset(tmp_path, [record] * 3)}", "data.eval_fraction=0")
+    with pytest.raises(UserError) as err:
+        validate(cfg)
+    assert said in _one_line(err)
+
+
+def test_a_utf16_dataset_leaves_no_run_dir(tmp_path):
+    run, path = tmp_path / "run", tmp_path / "data.jsonl"
+    path.write_bytes(HOSTILE_DATA["utf-16"][0])
+    result = subprocess.run([*MRL, "train", f"data.path={path}", f"hydra.run.dir={run}", "logger=none"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "line 1 is not UTF-8" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not run.exists()
 
 

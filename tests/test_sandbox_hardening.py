@@ -163,3 +163,63 @@ def test_a_lying_str_scores_zero_through_the_code_channel():
     episodes = [Episode(prompt=prompt, completion=c, completion_ids=[], num_tokens=3, truncated=False,
                         max_new_tokens=10) for c in (fake, "x[::-1]")]
     assert channel(episodes) == [0.0, 1.0]
+
+
+# ---- issue 30: the program cannot reach into another process, and the namespace dies with the call --------------
+
+REACH = UNDO + """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def tried(name, result):
+    print(name + ": " + ("DONE" if result != -1 else errno.errorcode.get(ctypes.get_errno(), "?")))
+tried("ptrace_attach_init", libc.ptrace(16, 1, 0, 0))  # PTRACE_ATTACH to bwrap's PID 1 (same uid, no filter before)
+tried("ptrace_traceme", libc.ptrace(0, 0, 0, 0))
+buf = ctypes.create_string_buffer(8)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 8)
+tried("process_vm_readv_init", libc.process_vm_readv(1, iov, 1, iov, 1, 0))
+tried("x32_getpid", libc.syscall(0x40000000 + 39))  # another ABI of the same kernel
+tried("getpid", libc.syscall(39) if os.uname().machine == "x86_64" else os.getpid())
+def f():
+    return 1
+"""
+
+
+@needs_bwrap
+def test_the_program_cannot_ptrace_or_read_another_process():
+    """The probe's first step: ptrace-attach the sandbox's PID 1 and clear its parent-death signal.  Before the
+    seccomp filter the attach succeeded (`ptrace_attach_init: DONE`)."""
+    res = run_tests(REACH, ["f() == 1"], LIMITS)
+    assert res.outcomes == [TestOutcome(True, None)], res
+    said = dict(line.split(": ", 1) for line in res.stdout.splitlines())
+    assert said == {"ptrace_attach_init": "EPERM", "ptrace_traceme": "EPERM", "process_vm_readv_init": "EPERM",
+                    "x32_getpid": "EPERM", "getpid": "DONE"}, said
+
+
+@needs_bwrap
+def test_the_namespace_dies_with_the_call_even_when_its_init_ignores_its_parent(monkeypatch):
+    """The probe's result (its init's parent-death signal cleared, so killing bwrap left the namespace running,
+    adopted by host PID 1, forking fresh children past RLIMIT_CPU) made without ptrace: bwrap started without
+    --die-with-parent.  run_tests returns only once every process of the call is gone: checked at once, no sleep."""
+    import secrets
+
+    from test_sandbox_escapes import _alive
+
+    from mrl.sandbox import launcher
+
+    base = launcher._bwrap_base
+
+    def without_pdeathsig(memory_mb: float = 256):
+        return tuple(a for a in base(memory_mb) if a != "--die-with-parent")
+
+    monkeypatch.setattr(launcher, "_bwrap_base", without_pdeathsig)
+    token = f"mrl-forker-{secrets.token_hex(6)}"
+    forker = "import os, time\\nwhile True:\\n    if os.fork() == 0:\\n        time.sleep(0.05)\\n" \
+             "        os._exit(0)\\n    time.sleep(0.01)"
+    code = UNDO + "\n".join([
+        "import os, sys, time", "if os.fork() == 0:", "    os.setsid()",
+        f"    os.execv(sys.executable, [sys.executable, '-S', '-c', '{forker}', {token!r}])",
+        "time.sleep(30)"])
+    start = time.monotonic()
+    res = run_tests(code, ["True"], SandboxLimits(cpu_seconds=1, wall_seconds=1.5))
+    assert res.status == "timeout" and time.monotonic() - start < 5
+    assert _alive(token) == []

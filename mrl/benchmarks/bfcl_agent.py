@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import decimal
 import importlib
 import inspect
 import json
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from mrl import bounded
 from mrl.benchmarks.bfcl_data import data_dir, read_records, tool_schemas
 from mrl.config import UserError
 
@@ -63,6 +65,8 @@ STATELESS = ("MathAPI",)  # instantiated without a scenario (BFCL's STATELESS_CL
 SOURCE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 CALL_SECONDS = 2.0
 MAX_INT = 2 ** 53
+MAX_PRECISION = 1000  # digits a `precision` argument may ask for (BFCL's ground truth asks for at most 10)
+MAX_CALLS = 500  # calls of one episode the checks run (beyond: failed, and a violation)
 ADDED_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"  # BFCL's words
 
 Call = tuple[str, dict]  # (function name, arguments by name)
@@ -185,36 +189,83 @@ def _time_limit(seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _too_big(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return abs(value) > MAX_INT
-    if isinstance(value, (list, tuple)):
-        return any(_too_big(v) for v in value)
-    if isinstance(value, dict):
-        return any(_too_big(v) for v in value.values())
-    return False
+# Module-level data of BFCL's classes that their methods keep or change (TravelAPI's long-context credit cards are
+# module dicts a world's cards point into): each world gets its own copy, installed while it runs (_installed).
+_MUTABLE = (dict, list, set, bytearray)
+_LOCK = threading.RLock()  # one world runs at a time: the module-level data installed is that world's
+
+
+@lru_cache(maxsize=None)
+def _module(class_name: str):
+    """The module of a class and its mutable module-level data as first loaded (copied: never handed out)."""
+    module = importlib.import_module(f"{SOURCE}.{CLASSES[class_name][0]}")
+    pristine = {k: v for k, v in vars(module).items() if not k.startswith("__") and isinstance(v, _MUTABLE)}
+    return module, copy.deepcopy(pristine)
+
+
+@lru_cache(maxsize=None)
+def _defaults(function) -> tuple[tuple | None, dict | None]:
+    """A method's default argument values as first seen (`mentions=[]` is one list for the process otherwise)."""
+    return copy.deepcopy(function.__defaults__), copy.deepcopy(function.__kwdefaults__)
+
+
+@contextmanager
+def _installed(data: dict[Any, dict[str, Any]], function=None):
+    """Run with `data` ({module: {name: value}}, a world's own) as the modules' data, and `function`'s mutable
+    default arguments fresh; the modules' own values come back after."""
+    with _LOCK:
+        saved = {module: {k: vars(module)[k] for k in values} for module, values in data.items()}
+        for module, values in data.items():
+            vars(module).update(values)
+        if function is not None:
+            function.__defaults__, function.__kwdefaults__ = copy.deepcopy(_defaults(function))
+        try:
+            yield
+        finally:
+            for module, values in saved.items():
+                vars(module).update(values)
+
+
+def argument_error(name: str, arguments: Any) -> str | None:
+    """What keeps a call from running, said to the policy, or None: arguments that are not an object, nested too
+    deep, an integer beyond 2**53, or a `precision` beyond MAX_PRECISION (a computation in C that no time limit
+    interrupts: `square_root(2, precision=3000000)` runs half a minute)."""
+    if not isinstance(arguments, dict):
+        return f"the arguments of {name} must be an object, not {str(arguments)[:80]}"
+    problem = bounded.check(arguments, bounded.MAX_DEPTH, MAX_INT)
+    if problem:
+        return f"an argument of {name} {problem}"
+    precision = arguments.get("precision")
+    if isinstance(precision, (int, float)) and not -MAX_PRECISION <= precision <= MAX_PRECISION:
+        return f"precision={precision} of {name} is beyond {MAX_PRECISION}"
+    return None
 
 
 @dataclass
 class World:
-    """The instances of one episode (one per involved class), loaded from the entry's `initial_config`."""
+    """The instances of one episode (one per involved class), loaded from the entry's `initial_config`.
+
+    Nothing is shared with another world: arguments are copied before a method sees them (BFCL's classes keep
+    them, and change them later), each world has its own copy of its modules' data, and mutable default arguments
+    are fresh for each call."""
 
     entry: dict
     instances: dict[str, Any] = field(init=False)
     methods: dict[str, Any] = field(init=False)  # public method name -> bound method
     param_types: dict[str, dict[str, str]] = field(init=False)  # function -> {parameter: BFCL type}
+    data: dict[Any, dict[str, Any]] = field(init=False)  # module -> this world's copy of its mutable data
 
     def __post_init__(self) -> None:
-        self.instances, self.methods = {}, {}
+        self.instances, self.methods, self.data = {}, {}, {}
         long_context = "long_context" in self.entry["category"]
         for class_name in self.entry["involved_classes"]:
-            module = importlib.import_module(f"{SOURCE}.{CLASSES[class_name][0]}")
-            instance = getattr(module, class_name)()
-            if class_name not in STATELESS:
-                instance._load_scenario(copy.deepcopy(self.entry["initial_config"].get(class_name, {})),
-                                        long_context=long_context)
+            module, pristine = _module(class_name)
+            self.data[module] = copy.deepcopy(pristine)
+            with _installed(self.data):
+                instance = getattr(module, class_name)()
+                if class_name not in STATELESS:
+                    instance._load_scenario(copy.deepcopy(self.entry["initial_config"].get(class_name, {})),
+                                            long_context=long_context)
             self.instances[class_name] = instance
             for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
                 if not name.startswith("_"):
@@ -225,20 +276,22 @@ class World:
 
     def call(self, name: str, arguments: Any) -> str:
         """Run `name(**arguments)` on its instance -> the result text (an error text when it fails)."""
-        if not isinstance(arguments, dict):
-            return f"Error during execution: the arguments of {name} must be an object, not {json.dumps(arguments)}"
-        if _too_big(arguments):
-            return f"Error during execution: an integer argument of {name} is beyond 2**53"
+        error = argument_error(name, arguments)
+        if error:
+            return f"Error during execution: {error}"
         types = self.param_types.get(name, {})
-        arguments = {k: float(v) if types.get(k) == "float" and type(v) is int else v for k, v in arguments.items()}
+        arguments = {k: float(v) if types.get(k) == "float" and type(v) is int else copy.deepcopy(v)
+                     for k, v in arguments.items()}
         import mpmath  # the math API sets its global precision and leaves it set
 
         precision = mpmath.mp.dps
+        method = self.methods[name]
         try:
-            with _time_limit(CALL_SECONDS):
-                return _result_text(self.methods[name](**arguments))
+            with _installed(self.data, getattr(method, "__func__", None)), decimal.localcontext(), \
+                    _time_limit(CALL_SECONDS):
+                return _result_text(method(**arguments))
         except Exception as err:  # the environment's own errors (wrong types, unknown files) are results
-            return f"Error during execution: {err}"
+            return f"Error during execution: {str(err)[:1000]}"
         finally:
             mpmath.mp.dps = precision
 
@@ -269,30 +322,49 @@ def gold_calls(entry: dict) -> list[list[Call]]:
 
 
 # ------------------------------------------------------------------------------------------------------- checking
-def leaves(value: Any, path: tuple = (), _above: frozenset = frozenset()) -> dict[tuple, Any]:
+class Shared(tuple):
+    """The leaf of a container met a second time: the path where it was first met (a directory `cp` put in two
+    places is one object, and walking it once per path is exponential in the copies made)."""
+
+
+def leaves(value: Any) -> dict[tuple, Any]:
     """A state flattened to {path: plain value}: dicts by key, lists by index, objects by public attribute, so that
-    one file, booking or message is its own leaf (a container's emptiness is a leaf too).  A reference back to a
-    container above (a directory's `parent`) is no leaf.
+    one file, booking or message is its own leaf (a container's emptiness is a leaf too).  A container met again (a
+    directory's `parent`, a directory in two places) is walked once: later paths to it are a `Shared` leaf naming
+    the first.  Iterative, and linear in the objects: any state is safe to walk.
 
     >>> leaves({"a": [1, {"b": 2}], "c": {}})
     {('a', 0): 1, ('a', 1, 'b'): 2, ('c',): {}}
+    >>> d = {"x": 1}; leaves({"p": d, "q": d})
+    {('p', 'x'): 1, ('q',): ('p',)}
     """
-    if isinstance(value, dict):
-        items = list(value.items())
-    elif isinstance(value, (list, tuple)):
-        items = list(enumerate(value))
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        items = [(k, v) for k, v in vars(value).items() if not k.startswith("_")]
-    else:
-        return {path: value}
-    if not items:
-        return {path: type(value)() if isinstance(value, (dict, list, tuple)) else None}
-    above = _above | {id(value)}
-    flat = {}
-    for key, item in items:
-        if id(item) not in above:
-            flat.update(leaves(item, path + (key,), above))
+    flat: dict[tuple, Any] = {}
+    seen: dict[int, tuple] = {}
+    stack: list[tuple[tuple, Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, dict):
+            items = list(item.items())
+        elif isinstance(item, (list, tuple)) and not isinstance(item, Shared):
+            items = list(enumerate(item))
+        elif hasattr(item, "__dict__") and not isinstance(item, type):
+            items = [(k, v) for k, v in vars(item).items() if not k.startswith("_")]
+        else:
+            flat[path] = item
+            continue
+        if id(item) in seen:
+            if not _within(path, seen[id(item)]):  # a reference back up (a `parent`) is no leaf
+                flat[path] = Shared(seen[id(item)])
+            continue
+        seen[id(item)] = path
+        if not items:
+            flat[path] = type(item)() if isinstance(item, (dict, list, tuple)) else None
+        stack.extend((path + (key,), child) for key, child in reversed(items))
     return flat
+
+
+def _within(path: tuple, above: tuple) -> bool:
+    return path[: len(above)] == above
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -352,6 +424,18 @@ def check(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool = False
     calls_per_turn = list(calls_per_turn) + [[]] * (turns - len(calls_per_turn))
     if len(calls_per_turn) > turns:
         raise ValueError(f"{len(calls_per_turn)} turns of calls for {entry['id']}, which has {turns} user turns")
+    calls = sum(map(len, calls_per_turn))
+    if calls > MAX_CALLS:  # a bound on the checks' time and memory: such an episode fails, and is a violation
+        return Verdict([False if gold else None for gold in entry["ground_truth"]], [f"{calls} calls"], calls,
+                       sum(map(len, entry["ground_truth"])), [f"{calls} calls, over the {MAX_CALLS} the checks run"])
+    try:
+        return _check(entry, calls_per_turn, gold_only)
+    except RecursionError:  # a state nested deeper than Python walks (thousands of directories, one per call)
+        return Verdict([False if gold else None for gold in entry["ground_truth"]], ["a state nested too deep"],
+                       calls, sum(map(len, entry["ground_truth"])), ["a state nested too deep to compare"])
+
+
+def _check(entry: dict, calls_per_turn: list[list[Call]], gold_only: bool) -> Verdict:
     policy, gold = World(entry), World(entry)
     start = {c: leaves(s) for c, s in policy.state().items()}
     all_results: list[str] = []

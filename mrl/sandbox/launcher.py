@@ -13,9 +13,11 @@ import functools
 import json
 import math
 import os
+import select
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,37 @@ def _python_mounts() -> list[str]:
     return args
 
 
+
+
+# The seccomp filter bwrap installs on the program (--seccomp): calls that reach into another process.  A program
+# that could ptrace the sandbox's PID 1 (bwrap's init, same uid) could clear its parent-death signal and keep the
+# namespace alive past the kill.  Syscall numbers per architecture (audit arch, then the numbers).
+_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438}),
+    "aarch64": (0xC00000B7, {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438}),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> bytes | None:
+    """A classic-BPF seccomp program (struct sock_filter[]) that fails _DENIED with EPERM, and every call of another
+    ABI (i386 through int 0x80, x32), or None on an architecture not in _SYSCALLS."""
+    import platform
+
+    arch = _SYSCALLS.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, numbers = arch
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    nrs = [numbers[name] for name in _DENIED]
+    # [arch] [arch == native? else deny] [nr] [nr >= x32 bit? deny] [nr == each? deny]... allow, deny
+    body = [(load, 0, 0, 4), (jeq, 0, 2 + len(nrs) + 1, audit_arch), (load, 0, 0, 0),
+            (jge, len(nrs) + 1, 0, 0x40000000)]
+    body += [(jeq, len(nrs) - i, 0, nr) for i, nr in enumerate(nrs)]
+    body += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+    return b"".join(struct.pack("=HBBI", *instruction) for instruction in body)
 
 
 def tmpfs_sizes(memory_mb: float) -> tuple[int, int]:
@@ -207,6 +240,55 @@ def _wait_exit(pid: int, deadline: float) -> bool:
 
 
 
+NAMESPACE_EXIT_SECONDS = 10.0  # how long a killed sandbox may take to be gone (it is at once, but for a loaded host)
+
+
+def _sandbox_init(info_fd: int, bwrap_pid: int, deadline: float) -> int | None:
+    """A pidfd of the sandbox's PID 1 (bwrap's `--info-fd` JSON names its pid outside), or None when bwrap exited
+    before it started one.  Taken while bwrap, its parent, still lives, so the pid cannot have been reused."""
+    data = b""
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(info_fd, 4096) if ready else b""
+            if not chunk:
+                break
+            data += chunk
+            if data.rstrip().endswith(b"}"):
+                break
+    finally:
+        os.close(info_fd)
+    try:
+        pid = int(json.loads(data)["child-pid"])
+        pidfd = os.pidfd_open(pid)
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        parent = None
+    if parent != bwrap_pid:  # gone already, and its pid taken by another process
+        os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _end_namespace(pidfd: int) -> None:
+    """Kill the sandbox's PID 1 and return once it has exited, and with it every process of its namespace (the
+    kernel reaps them all before the init's exit is reported): verified, not assumed."""
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        ready, _, _ = select.select([pidfd], [], [], NAMESPACE_EXIT_SECONDS)
+    finally:
+        os.close(pidfd)
+    if not ready:
+        raise RuntimeError(f"the sandbox's processes did not exit within {NAMESPACE_EXIT_SECONDS:g} s of SIGKILL")
+
+
 def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxResult:
     parsed = [grading.parse_test(t) for t in tests]
     probe_slices, io_indices, sources, stdins = [], [], [], []  # per test: its probes, its stdin's index
@@ -228,8 +310,19 @@ def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxR
 
     with tempfile.TemporaryDirectory(prefix="mrl_sandbox_", ignore_cleanup_errors=True) as tmp:
         rfd, wfd = os.pipe()
+        extra: list[int] = []  # bwrap's info and seccomp fds (theirs), closed here once it started
         if sandbox == "bwrap":
-            argv = [*_bwrap_base(limits.memory_mb), _interpreter(), "-I", "-S", "-c", CHILD, str(wfd)]
+            info_r, info_w = os.pipe()
+            extra, base = [info_w], list(_bwrap_base(limits.memory_mb))
+            base[-1:] = ["--info-fd", str(info_w)]
+            program = seccomp_filter()
+            if program is not None:
+                filter_r, filter_w = os.pipe()  # the program fits a pipe's buffer: written whole, then closed
+                os.write(filter_w, program)
+                os.close(filter_w)
+                extra.append(filter_r)
+                base += ["--seccomp", str(filter_r)]
+            argv = [*base, "--", _interpreter(), "-I", "-S", "-c", CHILD, str(wfd)]
             env, cwd = {}, "/"  # nothing of the trainer's environment, not even in bwrap's own /proc/1/environ
         else:
             argv = [_interpreter(), "-I", "-S", "-c", CHILD, str(wfd)]
@@ -237,24 +330,33 @@ def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxR
             cwd = tmp
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=cwd, env=env, start_new_session=True, close_fds=True, pass_fds=(wfd,))
+                                    cwd=cwd, env=env, start_new_session=True, close_fds=True,
+                                    pass_fds=(wfd, *extra))
         except BaseException:
             os.close(rfd)
+            if sandbox == "bwrap":
+                os.close(info_r)
             raise
         finally:
-            os.close(wfd)
+            for fd in (wfd, *extra):
+                os.close(fd)
         deadline = time.monotonic() + float(limits.wall_seconds)
+        init = _sandbox_init(info_r, proc.pid, deadline) if sandbox == "bwrap" else None
         try:
             bufs, timed_out = _pump(proc, rfd, payload, deadline, cap, result_cap)
             if not timed_out:
                 timed_out = not _wait_exit(proc.pid, deadline)
         finally:
             # Kill the whole group before reaping the leader, so its id cannot have been reused by then.  Under
-            # bwrap this ends the sandbox's PID namespace (--die-with-parent), and with it every process inside.
+            # bwrap, the sandbox's init is killed through its pidfd too (its parent-death signal is not to be
+            # relied on): the kernel then kills every process of its PID namespace, and the pidfd reads as exited
+            # only once they are all gone.
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            if init is not None:
+                _end_namespace(init)
             _, wait_status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(wait_status)
             for stream in (proc.stdin, proc.stdout, proc.stderr):

@@ -12,6 +12,7 @@ episodes follow, the tiny model's words or the model's own chat format, is the m
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hydra.utils import instantiate
@@ -53,7 +54,7 @@ def build_task(cfg: Any) -> Any:
     task = instantiate(cfg.rewards.task)
     if cfg.data.path:
         dataset = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
-                              text_field=cfg.data.text_field)
+                              text_field=cfg.data.text_field, required=getattr(task, "record_fields", ()))
         task = DatasetPrompts(task, dataset)
     return task
 
@@ -93,14 +94,25 @@ def check(cfg) -> None:
 def _check_dataset(cfg: DictConfig, context: int | None) -> None:
     """Read the dataset as the run will, before Hydra creates the run dir: an empty file, a record without its
     prompt, or a prompt no context can hold is refused here, with nothing written."""
+    from hydra.utils import get_class  # the task's class, not the task: building one may read a benchmark
+
+    try:
+        required = getattr(get_class(cfg.rewards.task._target_), "record_fields", ())
+    except Exception:  # an unknown target is refused where the task is built, naming it
+        required = ()
     task = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
-                       text_field=cfg.data.text_field)
+                       text_field=cfg.data.text_field, required=required)
     if context is None:
         return
     limit = context * CHARS_PER_TOKEN
     for prompt in [*task.train, *task.eval]:
-        chars = len(prompt.text) + sum(len(str(m.get("content") or "")) for m in prompt.messages or ())
+        # What the template renders: the text, every turn, and the tools' declarations (a 3 MB schema reached the
+        # OOM killer when it was not counted).
+        turns = [len(str(m.get("content") or "")) + len(json.dumps(m.get("tool_calls") or [], default=str))
+                 for m in prompt.messages or ()]
+        chars = len(prompt.text) + sum(turns) + len(json.dumps(prompt.tools or [], default=str))
         if chars > limit:
-            raise UserError(f"dataset {cfg.data.path!r}: a prompt of {chars} characters ({prompt.text[:40]!r}...) "
+            raise UserError(f"dataset {cfg.data.path!r}: a prompt of {chars} characters with its turns and tools "
+                            f"({prompt.text[:40]!r}...) "
                             f"cannot fit the model's context of {context} tokens (at most ~{limit} characters): "
                             "shorten it or drop the record")

@@ -29,6 +29,7 @@ INSTRUCTION = "Reply with the digit alone, or call a tool."
 
 
 class AgentTriple:
+    record_fields = ("target",)  # what its channels read from a dataset record (mrl.tasks.check)
     OPS = {"add": lambda digits: sum(digits) % 10, "max": max, "min": min}
 
     def __init__(self, seed: int = 0, ops: tuple[str, ...] = ("add",), num_digits: int = 2, low: int = 0,

@@ -29,6 +29,8 @@ INTEGER = re.compile(r"-?\d+")
 
 
 class CalcAgent:
+    record_fields = ("target", "a", "b")  # what its channels read from a dataset record (mrl.tasks.check)
+
     def __init__(self, seed: int = 0, low: int = 10, high: int = 99, fewshot: int = 1, max_turns: int = 2):
         if not low <= high:
             raise ValueError(f"calc_agent needs low <= high, got low={low} high={high}")

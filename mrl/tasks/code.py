@@ -25,6 +25,7 @@ PLACEHOLDER = "{completion}"
 
 
 class CodeTask:
+    record_fields = ("tests",)  # what its channels read from a dataset record (mrl.tasks.check)
     OPS = {"+": lambda x, k: x + k, "*": lambda x, k: x * k}
 
     def __init__(self, seed: int = 0, num_tests: int = 3):

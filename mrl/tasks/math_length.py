@@ -17,6 +17,7 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class MathLengthTask:
+    record_fields = ("answer",)  # what its channels read from a dataset record (mrl.tasks.check)
     OPS = {"max": max, "min": min}
     WORDS = {"max": "larger", "min": "smaller"}
 

@@ -12,13 +12,12 @@ in its own format, `<tool_call>{"name": "calc", "arguments": {"a": 3, "b": 7}}</
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import replace
 from typing import Any
 
 from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
-from mrl.protocols import Tool
+from mrl.protocols import Tool, read_call
 
 OP_TO_TOOL = {"add": "calc", "max": "lookup"}
 TOOL_PARAMS = {"calc": ["a", "b"], "lookup": ["a", "b"]}
@@ -28,6 +27,8 @@ INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"ty
 
 
 class ToolCallTask:
+    record_fields = ("call",)  # what its channels read from a dataset record (mrl.tasks.check)
+
     def __init__(self, seed: int = 0):
         self.seed = seed
         self.tools = {"calc": Tool("calc", "Adds two integers.", INTEGERS),
@@ -83,13 +84,7 @@ def parse_call(text: str) -> tuple[str, Any] | None:
     """
     text = text.strip()
     if text.startswith("{"):
-        try:
-            call = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        arguments = call.get("arguments", {})
-        return (call["name"], arguments) if isinstance(arguments, (dict, list)) else None
+        name, arguments, error = read_call(text)  # bounded: any text is a call or None, never an exception
+        return (name, arguments) if error is None and isinstance(arguments, (dict, list)) else None
     words = text.split()
     return (words[0], words[1:]) if words else None
