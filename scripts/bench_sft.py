@@ -122,7 +122,8 @@ def main() -> None:
         return
     if not (SMOLLM2 / "model.safetensors").exists():
         sys.exit(f"bench-sft: {SMOLLM2} is missing; build it with `make smollm2`")
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT),
+           "TOKENIZERS_PARALLELISM": "false"}
     results: dict[str, list[dict]] = {"mrl": [], "trl": []}
     for round_ in range(args.rounds):
         for framework in ("mrl", "trl"):
