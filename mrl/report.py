@@ -11,6 +11,7 @@ of runs (the reproductions call it on theirs)."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mrl.config import UserError
-from mrl.rundir import warn
+from mrl.rundir import LINEAGE_FILE, warn
 from mrl.tracking import METRICS_FILE, read_metrics
 
 
@@ -63,6 +64,32 @@ def find_runs(paths: list[Path]) -> list[Run]:
                 runs.append(Run(run_label(file.parent), file.parent, read_metrics(file)))
             except UserError as err:  # a line damaged before the last one
                 raise ReportError(str(err)) from None
+    return chain_stages(runs)
+
+
+def chain_stages(runs: list[Run]) -> list[Run]:
+    """Runs started from another's checkpoint (`trainer.init_from`: lineage.json) continue its step axis when that
+    run is among `runs`: their steps are shifted by the checkpoint's step (and the source's own shift), so that SFT
+    then RL read as one held-out curve across the stages; the run's label says where it started."""
+    by_dir = {run.path.resolve(): run for run in runs}
+
+    def offset(run: Run, seen: frozenset = frozenset()) -> int:
+        lineage = run.path / LINEAGE_FILE
+        if not lineage.exists() or run.path in seen:
+            return 0
+        try:
+            source = json.loads(lineage.read_text())
+            parent, step = by_dir.get(Path(source["source_run"])), int(source["step"])
+        except (ValueError, KeyError, TypeError):
+            warn(f"{lineage} is unreadable: {run.path} is drawn from step 0")
+            return 0
+        return 0 if parent is None else step + offset(parent, seen | {run.path})
+
+    shifts = {id(run): offset(run) for run in runs}
+    for run in runs:
+        if shifts[id(run)]:
+            run.records = [{**r, "step": r["step"] + shifts[id(run)]} for r in run.records]
+            run.label = f"{run.label} (from step {shifts[id(run)]})"
     return runs
 
 
@@ -72,7 +99,8 @@ def run_label(run_dir: Path) -> str:
         return run_dir.name
     try:
         cfg = OmegaConf.load(config)
-        return f"{cfg.algo.name}/seed{cfg.trainer.seed}"
+        stage = "sft" if cfg.get("stage") == "sft" else cfg.algo.name  # an `mrl sft` run trains no algorithm
+        return f"{stage}/seed{cfg.trainer.seed}"
     except Exception as err:  # a damaged config.yaml (YAML, types, missing keys): the curves still plot
         warn(f"{config} is unreadable ({type(err).__name__}): {run_dir} is labelled by its name")
         return run_dir.name
@@ -132,6 +160,11 @@ def train_panels(runs: list[Run]) -> list[str]:
     return list(dict.fromkeys(c for r in runs for c in r.channels())) + ["total"]
 
 
+def sft_panels(runs: list[Run]) -> list[tuple[str, str, None]]:
+    """The SFT runs' (`mrl sft`) loss panel, as (title, key, None); [] when no run is one."""
+    return [("sft: loss", "sft/loss", None)] if any("sft/loss" in r.keys() for r in runs) else []
+
+
 def priced_panels(runs: list[Run]) -> list[tuple[str, str, str | None]]:
     """(title, key, reference key or None) of the panels of the constraints with a budget (enforce: budget): each
     one's price, and its cost drawn against its budget.  [] when no run priced a constraint."""
@@ -162,7 +195,7 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
         raise ReportError("the runs have no logged steps yet")
     panels = train_panels(runs)
     held_out = eval_panels(runs)
-    priced = priced_panels(runs)
+    priced = sft_panels(runs) + priced_panels(runs)
     cols = max(len(panels) + len(priced), len(held_out))
     fig, axes = plt.subplots(1 + bool(held_out), cols, figsize=(4.2 * cols, 3.4 * (1 + bool(held_out))),
                              squeeze=False)
@@ -460,13 +493,13 @@ def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: i
     order = list(dict.fromkeys(run_group(r.label) for r in runs))  # a sweep's runs listed by algo, in the legend too
     runs = sorted(runs, key=lambda r: order.index(run_group(r.label)))
     labels, panels, held_out = distinct_labels(runs), train_panels(runs), eval_panels(runs)
-    priced = priced_panels(runs)
+    priced = sft_panels(runs) + priced_panels(runs)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     csvs = write_run_csvs(runs, labels, out_path.parent / f"{out_path.stem}_data")
     figure = report_figure(runs, labels, panels, held_out, smooth, priced).to_html(
         full_html=False, include_plotlyjs=True, div_id="curves", config={"displaylogo": False, "responsive": True})
     tables = html_table(FINAL_CAPTION.format(last=last), *final_rows(runs, panels, last))
-    if priced:
+    if priced_panels(runs):
         tables += "\n" + html_table(PRICED_CAPTION.format(last=last), *priced_rows(runs, last))
     if held_out:
         tables += "\n" + html_table(HELD_OUT_CAPTION, *held_out_rows(runs, held_out))

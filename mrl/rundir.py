@@ -44,6 +44,7 @@ from mrl.config import UserError
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"  # checkpoints/latest: the name of the newest checkpoint, replaced atomically after each save
 MANIFEST = "manifest.json"
+LINEAGE_FILE = "lineage.json"  # a warm start's source (mrl/warm_start.py), read by mrl.report
 STATE_FILE = "state.json"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".mrl.lock"

@@ -25,9 +25,8 @@ from mrl.engine import DS_TAG, OPTIMIZER_FILE
 from mrl.lora import is_adapter_dir
 from mrl.precision import MASTER
 from mrl.restore import merged_policy, trained_weights
-from mrl.rundir import CHECKPOINTS, MANIFEST, atomic_write_text, intact_checkpoint, step_of
+from mrl.rundir import CHECKPOINTS, LINEAGE_FILE, MANIFEST, atomic_write_text, intact_checkpoint, step_of
 
-LINEAGE_FILE = "lineage.json"
 INIT_DIR = "init_policy"
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
 

@@ -327,3 +327,22 @@ def test_a_users_own_task_returns_plain_demonstrations(hermes):
     protocol = transcript_protocol(hermes, None)
     played = play(protocol, hermes, demo, [hermes.eos_token_id])
     assert hermes.decode([i for i, m in zip(played.ids, played.mask) if m]) == "a<|im_end|>"
+
+
+def test_the_report_draws_sft_then_rl_as_one_held_out_curve(tmp_path):
+    from mrl.report import find_runs
+
+    sft_dir, rl_dir, other = tmp_path / "sft", tmp_path / "rl", tmp_path / "other"
+    for run_dir, lines in ((sft_dir, [{"step": 0, "eval/accuracy": 0.0}, {"step": 40, "sft/loss": 0.3,
+                                                                           "eval/accuracy": 0.45}]),
+                           (rl_dir, [{"step": 0, "eval/accuracy": 0.45}, {"step": 30, "eval/accuracy": 0.55}]),
+                           (other, [{"step": 0, "eval/accuracy": 0.45}])):
+        run_dir.mkdir()
+        (run_dir / METRICS_FILE).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (rl_dir / "lineage.json").write_text(json.dumps({"source_run": str(sft_dir.resolve()), "step": 40}))
+    (other / "lineage.json").write_text(json.dumps({"source_run": str(tmp_path / "gone"), "step": 40}))
+    runs = {run.path.name: run for run in find_runs([sft_dir, rl_dir, other])}
+    assert [r["step"] for r in runs["rl"].records] == [40, 70]  # continues the SFT run's axis
+    assert runs["rl"].label == "rl (from step 40)"
+    assert [r["step"] for r in runs["other"].records] == [0]  # its source is not in the report: its own axis
+    assert [r["step"] for r in runs["sft"].records] == [0, 40]
