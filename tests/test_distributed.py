@@ -430,3 +430,28 @@ def test_the_deepspeed_launcher_trains_and_evaluates_with_exit_0(tmp_path):
     evaluated = deepspeed_launch("eval", str(run_dir), "--prompts", "4", "--samples", "0", cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert evaluated.stdout.count("json: ") == 1  # rank 0 evaluates; rank 1 leaves at once
+
+
+SFT_TINY = ["logger=none", "trainer.device=cpu", "sft.steps=2", "sft.batch_size=4", "sft.micro_batch_size=2",
+            "sft.lr=1e-3", "trainer.eval_prompts=4"]
+
+
+@pytest.mark.slow
+def test_mrl_sft_on_two_ranks_is_the_one_process_sft_and_exits_0_under_both_launchers(tmp_path):
+    """The global batch split over two ranks (each its 2 of the 4 demonstrations, the token count global) gives the
+    one-process weights; torchrun and DeepSpeed's launcher both end with exit 0."""
+    from mrl.restore import trained_weights
+
+    one = subprocess.run([sys.executable, "-m", "mrl", "sft", "deepspeed=zero2", *SFT_TINY,
+                          f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, capture_output=True, text=True,
+                         env=_env(), timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "mrl", "sft",
+               "deepspeed=zero2", *SFT_TINY, f"hydra.run.dir={tmp_path / 'two'}"]
+    two = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (trained_weights(tmp_path / run / "checkpoints" / "step_000002") for run in ("one", "two"))
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+    launched = deepspeed_launch("sft", "deepspeed=zero2", *SFT_TINY, f"hydra.run.dir={tmp_path / 'ds'}", cwd=tmp_path)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "ds" / METRICS_FILE)] == [0, 1, 2]

