@@ -17,12 +17,13 @@ tokens only (no [N, L, V] logits), as the RL update does.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from hydra.utils import instantiate
@@ -42,7 +43,7 @@ from mrl.models import Actor, load_tokenizer, quiet_transformers, resolve_model_
 from mrl.protocols import ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids, policy_forward
-from mrl.rundir import Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity, warn
+from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity, warn
 from mrl.tasks import episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.validation import validate
@@ -66,10 +67,10 @@ class SftRun:
     rows: EpochStream  # the played demonstrations, reshuffled each epoch
     steps: int
     state: dict[str, int]  # {"step", "prompt_position"}: the step done, the demonstrations consumed
-    evaluate: Any  # () -> eval metrics
-    metrics_file: Any
+    evaluate: Callable[[], dict[str, Any]]  # the held-out evaluation: eval/... metrics
+    metrics_file: MetricsFile | dist.Nothing
     wandb: WandbSink | None
-    progress: Any
+    progress: Progress | dist.Nothing
 
     def close(self) -> None:
         self.progress.close()
@@ -131,7 +132,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     if resume_from is not None:
         actor.load_optimizer(resume_from)
         load_rng_state(resume_from, dist.rank())
-        state = json_state(resume_from)
+        state = json.loads((resume_from / STATE_FILE).read_text())
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
     protocol = episode_protocol(cfg, tokenizer, task)
@@ -154,12 +155,6 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
                                              shown={"loss": "sft/loss", "accuracy": "eval/accuracy"}))
     return SftRun(actor, tokenizer, EpochStream(rows, f"sft/{cfg.trainer.seed}"), steps, state, evaluate,
                   metrics_file, wandb, progress)
-
-
-def json_state(checkpoint: Path) -> dict[str, int]:
-    import json
-
-    return json.loads((checkpoint / "state.json").read_text())
 
 
 def demonstration_rows(cfg: DictConfig, task: Any, tokenizer, end_ids: list[int]) -> list[Played]:
