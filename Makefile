@@ -67,8 +67,8 @@ SEED ?= 0
 SFT_BFCL := model=smollm2_local rewards=bfcl sft.steps=40 sft.batch_size=4 sft.micro_batch_size=4 sft.lr=2e-5 \
 	trainer.max_new_tokens=64 trainer.eval_prompts=78 logger=none logger.log_every=1
 TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo trainer.prompts_per_step=2 trainer.group_size=6 \
-	trainer.max_new_tokens=64 trainer.lr=1e-5 trainer.temperature=0.7 trainer.micro_batch_size=12 trainer.max_steps=30 \
-	trainer.eval_every=15 trainer.eval_prompts=78 trainer.save_every=1000 logger=none logger.samples_every=5 \
+	trainer.max_new_tokens=64 trainer.lr=1e-5 trainer.temperature=0.7 trainer.micro_batch_size=12 trainer.max_steps=20 \
+	trainer.eval_every=10 trainer.eval_prompts=78 trainer.save_every=1000 logger=none logger.samples_every=5 \
 	logger.log_every=1
 
 # glibc's malloc settings of train-real (below), for every SmolLM2 target.
@@ -76,7 +76,7 @@ SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent
 $(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
 $(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
 
-train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python: base -> SFT (40 steps) -> GDPO (30 steps), held-out accuracy at each stage (CPU, docs/sft.md)
+train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python: base -> SFT (40 steps) -> GDPO (20 steps), held-out accuracy at each stage (CPU, docs/sft.md)
 	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S)_seed$(SEED); \
 	$(BIN)/mrl sft $(SFT_BFCL) trainer.seed=$(SEED) hydra.run.dir=$$run/sft; \
 	$(BIN)/mrl train $(TRAIN_BFCL) trainer.seed=$(SEED) trainer.init_from=$$run/sft hydra.run.dir=$$run/rl $(ARGS); \
