@@ -21,7 +21,7 @@ from typing import Any
 
 from mrl.chat_template import CALL_CLOSE
 from mrl.config import UserError
-from mrl.data import record_tools
+from mrl.data import load_records, record_tools
 from mrl.episode import Demonstration, Episode, Prompt, Reply
 from mrl.protocols import ChatProtocol, ToolProtocol, WordsProtocol
 from mrl.rollout import EpisodeState
@@ -192,6 +192,18 @@ def _replies(message: dict[str, Any], where: str) -> list[Reply]:
     content = str(message.get("content") or "")
     replies = [Reply(content)] if content and not parsed else []
     return replies + [Reply("", (call,)) for call in parsed]
+
+
+def check(cfg) -> None:
+    """`mrl sft data.path=FILE`: every record a conversation (`conversation`'s one-line errors, naming the record),
+    before the run dir exists."""
+    if cfg.get("stage", "rl") != "sft" or not cfg.data.path:
+        return
+    records = load_records(cfg.data.path)
+    if not records:
+        raise UserError(f"data.path={cfg.data.path}: no records; give a JSONL file of conversations")
+    for i, record in enumerate(records):
+        conversation(record, f"{cfg.data.path} record {i}")
 
 
 def play_conversation(tokenizer, protocol_for, record: dict[str, Any], where: str, end_ids: list[int]) -> Played:

@@ -346,3 +346,24 @@ def test_the_report_draws_sft_then_rl_as_one_held_out_curve(tmp_path):
     assert runs["rl"].label == "rl (from step 40)"
     assert [r["step"] for r in runs["other"].records] == [0]  # its source is not in the report: its own axis
     assert [r["step"] for r in runs["sft"].records] == [0, 40]
+
+
+def test_mrl_sft_on_your_own_conversations_trains_on_their_train_split_only(hermes, tmp_path):
+    from mrl.data import split_train_eval
+    from mrl.models import load_tokenizer
+    from mrl.sft import conversation_rows
+    from mrl.validation import validate
+
+    path = tmp_path / "conversations.jsonl"
+    records = [{**TWO_TURNS, "messages": [*TWO_TURNS["messages"][:1], {"role": "user", "content": f"add {i} 4"},
+                                          *TWO_TURNS["messages"][2:]]} for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = compose_sft(*chat_model_overrides(hermes), "rewards=calc_agent", f"data.path={path}",
+                      "data.eval_fraction=0.3")
+    validate(cfg)  # conversations, not prompts: they end with the assistant's turn
+    rows = conversation_rows(cfg, load_tokenizer(hermes.name_or_path), [hermes.eos_token_id])
+    train, held_out = split_train_eval(list(range(10)), 0.3, cfg.trainer.seed)
+    assert sorted(int(r.source.rsplit(" ", 1)[1]) for r in rows) == sorted(train) and len(held_out) == 3
+    path.write_text(path.read_text() + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(UserError, match="record 10: no assistant turn"):
+        validate(cfg)

@@ -83,8 +83,9 @@ CHARS_PER_TOKEN = 16
 
 
 def check(cfg) -> None:
-    """The dataset a run reads (`data.path`), read as the run will, before Hydra creates the run dir."""
-    if cfg.data.path:
+    """The dataset a run reads (`data.path`), read as the run will, before Hydra creates the run dir.  (`mrl sft`
+    reads it as conversations instead: mrl.demonstrations.check.)"""
+    if cfg.data.path and cfg.get("stage", "rl") != "sft":
         from mrl.models import context_length  # start-up time: mrl.models imports torch, the tasks do not
 
         dataset_file(cfg.data.path)
