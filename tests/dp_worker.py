@@ -4,8 +4,8 @@
 every rank writes its whole parameters (gathered under ZeRO-3) to RUN_DIR/params_rank<r>_step<k>.pt, so the test
 can compare the ranks' weights; and `grads ...` runs one update on a fixed batch (see `grads`).
 With MRL_TEST_FULL_DISK_ON_RANK0=1 rank 0's writes of the policy dir fail as on a full disk (the other ranks'
-DeepSpeed writes go on); `dp_worker.AlwaysFails` is a reward channel that fails on every sample, `dp_worker.FailsOnRank1` one that
-fails on rank 1 alone.
+DeepSpeed writes go on); `dp_worker.AlwaysFails` is a reward channel that fails on every sample,
+`dp_worker.FailsOnRank1` one that fails on rank 1 alone.
 """
 
 from __future__ import annotations
