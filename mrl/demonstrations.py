@@ -16,7 +16,7 @@ recorded tool results and user turns.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from mrl.chat_template import CALL_CLOSE
@@ -60,9 +60,7 @@ def reply_turns(protocol: ToolProtocol, reply: Reply) -> list[tuple[str, str]]:
             words = [name, *map(str, arguments.values() if isinstance(arguments, dict) else arguments or ())]
             turns.append((name, name) if name in protocol.tools else (" ".join(words), END_OF_TURN))
         return turns
-    if not reply.calls:
-        return [(assistant_text(protocol, reply), END_OF_TURN)]
-    if protocol.parallel_calls:  # the calls are the answer: every call in one turn, ended by end of turn
+    if not reply.calls or protocol.parallel_calls:  # a message; or calls that are the answer, all in one turn
         return [(assistant_text(protocol, reply), END_OF_TURN)]
     return [(assistant_text(protocol, Reply("", (call,)), until=CALL_CLOSE), CALL_CLOSE) for call in reply.calls]
 
@@ -211,7 +209,7 @@ def play_conversation(tokenizer, protocol_for, record: dict[str, Any], where: st
     protocol whose episodes run in that environment."""
     demo, transcript = conversation(record, where)
     protocol = protocol_for(lambda prompt: transcript)
-    return play(protocol, tokenizer, replace(demo), end_ids)
+    return play(protocol, tokenizer, demo, end_ids)
 
 
 def task_demonstrations(task: Any, split: str = "train", count: int = 256) -> list[Demonstration]:
