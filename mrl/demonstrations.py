@@ -22,6 +22,7 @@ from typing import Any
 from mrl.chat_template import CALL_CLOSE
 from mrl.config import UserError
 from mrl.data import load_records, record_tools
+from mrl.distributed import world_size
 from mrl.episode import Demonstration, Episode, Prompt, Reply
 from mrl.protocols import ChatProtocol, ToolProtocol, WordsProtocol
 from mrl.rollout import EpisodeState
@@ -193,9 +194,15 @@ def _replies(message: dict[str, Any], where: str) -> list[Reply]:
 
 
 def check(cfg) -> None:
-    """`mrl sft data.path=FILE`: every record a conversation (`conversation`'s one-line errors, naming the record),
-    before the run dir exists."""
-    if cfg.get("stage", "rl") != "sft" or not cfg.data.path:
+    """`mrl sft`, before the run dir exists: a batch that splits over the ranks, and with data.path=FILE every record
+    a conversation (`conversation`'s one-line errors, naming the record)."""
+    if cfg.get("stage", "rl") != "sft":
+        return
+    world = world_size()
+    if cfg.sft.batch_size % world:
+        raise UserError(f"sft.batch_size={cfg.sft.batch_size} does not split over {world} ranks: give a multiple of "
+                        f"{world} (each rank takes an equal share of a step's demonstrations)")
+    if not cfg.data.path:
         return
     records = load_records(cfg.data.path)
     if not records:

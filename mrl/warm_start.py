@@ -49,7 +49,8 @@ def exact_in_place(checkpoint: Path) -> bool:
         return False
     import torch
 
-    return torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True)["masters"] is None
+    # mmap: only the "masters" entry is looked at, not the optimizer's moments read in
+    return torch.load(checkpoint / OPTIMIZER_FILE, weights_only=True, mmap=True)["masters"] is None
 
 
 def materialize(checkpoint: Path, model_cfg, out: Path) -> None:

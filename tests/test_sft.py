@@ -367,3 +367,11 @@ def test_mrl_sft_on_your_own_conversations_trains_on_their_train_split_only(herm
     path.write_text(path.read_text() + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     with pytest.raises(UserError, match="record 10: no assistant turn"):
         validate(cfg)
+
+
+def test_an_sft_batch_that_does_not_split_over_the_ranks_is_one_line(monkeypatch):
+    from mrl.validation import validate
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(UserError, match="sft.batch_size=4 does not split over 3 ranks"):
+        validate(compose_sft("trainer.prompts_per_step=3", "deepspeed=zero2"))
