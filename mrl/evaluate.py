@@ -92,6 +92,19 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 
+def held_out_metrics(cfg, engine: RolloutEngine, task: Any, protocol, reward_set: RewardSet, device: torch.device,
+                     whole) -> dict[str, Any]:
+    """A training run's held-out evaluation (`mrl train`, `mrl sft`): `trainer.eval_prompts` held-out prompts of
+    `task` scored per `cfg.trainer`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/...
+    metrics and perf/eval_s."""
+    trainer, start = cfg.trainer, time.perf_counter()
+    prompts = nonempty_held_out(task, trainer.eval_prompts)
+    with separate_rng(trainer.seed, device), whole():
+        held = score_held_out(engine, prompts, Sampling.of(trainer), trainer.eval_samples, protocol, reward_set,
+                              trainer.eval_batch_tokens)
+    return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
+
+
 def length_chunks(lengths: list[int], per_row: int, group_size: int, batch_tokens: int) -> list[list[int]]:
     """Prompt indices in chunks, shortest prompts first, each chunk's groups x group_size rows x (its longest prompt
     + per_row) tokens within `batch_tokens` (a chunk holds one group at least).

@@ -47,7 +47,7 @@ from mrl.algos import ESTIMATORS, Estimator
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable, pick_device
 from mrl.episode import agent_metrics, sample_records
-from mrl.evaluate import eval_metrics, nonempty_held_out, score_held_out, separate_rng, summarize
+from mrl.evaluate import held_out_metrics
 from mrl.lora import BaseReference, load_policy, uses_lora
 from mrl.losses import kl_k3
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
@@ -249,12 +249,8 @@ def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
     trainer = cfg.trainer
     if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
         return {}
-    start = time.perf_counter()
-    prompts = nonempty_held_out(run.task, trainer.eval_prompts)
-    with separate_rng(trainer.seed, run.device), run.actor.whole():
-        held = score_held_out(run.engine, prompts, Sampling.of(trainer), trainer.eval_samples,
-                              episode_protocol(cfg, run.tokenizer, run.task), run.reward_set, trainer.eval_batch_tokens)
-    return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
+    return held_out_metrics(cfg, run.engine, run.task, episode_protocol(cfg, run.tokenizer, run.task), run.reward_set,
+                            run.device, run.actor.whole)
 
 
 def log_base_eval(cfg: DictConfig, run: Run) -> None:

@@ -36,13 +36,13 @@ from mrl.config import UserError
 from mrl.data import EpochStream, load_records, split_train_eval
 from mrl.demonstrations import Played, play, play_conversation, task_demonstrations
 from mrl.engine import Trainable, pick_device
-from mrl.evaluate import eval_metrics, nonempty_held_out, score_held_out, separate_rng, summarize
+from mrl.evaluate import held_out_metrics
 from mrl.loop import seed_everything
 from mrl.lora import load_policy
 from mrl.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.protocols import ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids, policy_forward
+from mrl.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids, policy_forward
 from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity, warn
 from mrl.tasks import episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
@@ -139,13 +139,8 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
 
     def evaluate() -> dict[str, Any]:
         """The held-out prompts greedy (mrl.evaluate, as `mrl train` scores them): eval/... keys."""
-        start = time.perf_counter()
-        prompts = nonempty_held_out(task, cfg.trainer.eval_prompts)
         engine.sync_weights(actor.module.policy)
-        with separate_rng(cfg.trainer.seed, device), actor.whole():
-            held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), cfg.trainer.eval_samples, protocol,
-                                  reward_set, cfg.trainer.eval_batch_tokens)
-        return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
+        return held_out_metrics(cfg, engine, task, protocol, reward_set, device, actor.whole)
 
     previous = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous))

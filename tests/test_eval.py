@@ -18,7 +18,6 @@ import torch
 from conftest import compose_config
 from matplotlib.figure import Figure
 
-from mrl import loop
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.evaluate import HeldOut, eval_metrics, nonempty_held_out, pass_at_k, pass_ks, prompt_records, summarize
@@ -267,7 +266,7 @@ def test_an_evaluation_drawing_from_the_training_rng_would_change_the_stream(eva
     def shared_rng(seed, device):
         yield
 
-    monkeypatch.setattr(loop, "separate_rng", shared_rng)
+    monkeypatch.setattr("mrl.evaluate.separate_rng", shared_rng)  # what held_out_metrics draws under
     train(compose_config(*EVAL_RUN, "trainer.eval_every=2", "trainer.max_steps=1"), tmp_path)
     changed = training_curve(read_metrics(tmp_path / METRICS_FILE))
     assert changed[0] != training_curve(read_metrics(eval_runs["without"] / METRICS_FILE))[0]
