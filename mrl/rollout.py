@@ -2,7 +2,9 @@
 
 Layout of a batch of N = B*G rollouts, grouped by prompt (rows g*G .. g*G+G-1 are prompt g's group):
 prompt tokens left-padded to P, completion tokens right-padded to T, so that row n's sequence is
-prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t.
+prompt_ids[n] ++ completion_ids[n] and completion token t sits at position P + t.  Where every prompt of a batch
+starts with the same S >= SHARED_PREFIX_MIN tokens (a system prompt, fixed examples), those come first and the rest
+of each prompt is left-padded after them (`prompt_layout`): padding in the middle, masked, positions skipping it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from mrl.stops import Stops, first_stop, spelled_stop
 
 @dataclass
 class Rollouts:
-    prompt_ids: Tensor  # [N, P] left-padded
+    prompt_ids: Tensor  # [N, P] left-padded (after the shared prefix, where there is one: prompt_layout)
     prompt_mask: Tensor  # [N, P]
     completion_ids: Tensor  # [N, T] right-padded
     completion_mask: Tensor  # [N, T] 1 on generated tokens (end-of-sequence included): what the losses train on
@@ -203,17 +205,60 @@ def _left_pad(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple
     return ids, mask
 
 
+# Below this many tokens, computing a shared prefix once saves less than its separate forward costs.
+SHARED_PREFIX_MIN = 32
+
+
+def shared_prefix_length(rows: list[list[int]]) -> int:
+    """How many leading tokens all `rows` share (0 below SHARED_PREFIX_MIN, or for one row), leaving every row two
+    tokens of its own: the last one, which `prompt_cache` leaves uncached, and one before it.
+
+    >>> shared_prefix_length([[1] * 40 + [2, 3, 4], [1] * 40 + [5, 6]])
+    40
+    >>> shared_prefix_length([[1] * 40 + [2], [1] * 40 + [5, 6]])  # the shorter row keeps two tokens
+    39
+    >>> shared_prefix_length([[1] * 10 + [2, 3], [1] * 10 + [5, 6]])  # too short to be worth a forward of its own
+    0
+    """
+    if len(rows) < 2:
+        return 0
+    length = min(len(row) for row in rows) - 2
+    first = rows[0]
+    for row in rows[1:]:
+        length = next((i for i in range(length) if row[i] != first[i]), length)
+    return length if length >= SHARED_PREFIX_MIN else 0
+
+
+def prompt_layout(rows: list[list[int]], shared: int, pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """[B, shared + W] ids and mask: the `shared` tokens every row starts with, then each row's rest left-padded to
+    the longest rest W.  With shared 0, plain left padding.
+
+    >>> ids, mask = prompt_layout([[7, 7, 1], [7, 7, 2, 3]], 2, 0, torch.device("cpu"))
+    >>> ids.tolist(), mask.tolist()
+    ([[7, 7, 0, 1], [7, 7, 2, 3]], [[1, 1, 0, 1], [1, 1, 1, 1]])
+    """
+    rest_ids, rest_mask = _left_pad([row[shared:] for row in rows], pad_id, device)
+    prefix = torch.tensor(rows[0][:shared], dtype=torch.long, device=device).expand(len(rows), shared)
+    return torch.cat([prefix, rest_ids], 1), torch.cat([torch.ones_like(prefix), rest_mask], 1)
+
+
 @torch.no_grad()
-def prompt_cache(model, prompt_ids: Tensor, prompt_mask: Tensor):
-    """The KV cache of each prompt but its last token ([B, P] left-padded -> B rows of P-1 positions), or None for
-    one-token prompts.  `generate` then runs only the last token and what follows: HF generate needs one uncached
-    input token, and left padding makes the last column every prompt's own last token."""
+def prompt_cache(model, prompt_ids: Tensor, prompt_mask: Tensor, shared: int = 0):
+    """The KV cache of each prompt but its last token ([B, P] -> B rows of P-1 positions), or None for one-token
+    prompts.  `generate` then runs only the last token and what follows: HF generate needs one uncached input token,
+    and the layout (`prompt_layout`) makes the last column every prompt's own last token.  The first `shared`
+    columns, the same in every row, are computed once and copied to every row."""
     if prompt_ids.shape[1] < 2:
         return None
-    cache = empty_cache(model)
+    cache, kwarg = empty_cache(model), cache_kwarg(model)
     mask = prompt_mask[:, :-1]
-    model(input_ids=prompt_ids[:, :-1], attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
-          logits_to_keep=1, **{cache_kwarg(model): cache})
+    positions = position_ids(mask)
+    if shared:
+        model(input_ids=prompt_ids[:1, :shared], attention_mask=mask[:1, :shared], position_ids=positions[:1, :shared],
+              use_cache=True, logits_to_keep=1, **{kwarg: cache})
+        cache.batch_repeat_interleave(prompt_ids.shape[0])
+    model(input_ids=prompt_ids[:, shared:-1], attention_mask=mask, position_ids=positions[:, shared:], use_cache=True,
+          logits_to_keep=1, **{kwarg: cache})
     return cache
 
 
@@ -381,10 +426,12 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     encoded = [protocol.prompt_ids(p) for p in prompts]
     warn_unknown_tokens(tokenizer, encoded, model)
     # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the
-    # group's rows.  Inputs are then [the prompt, left-padded to P | the episode so far, left-padded], so that
-    # every row's prompt sits where the cache has it (padding in the middle is masked, positions skip it).
-    shared_ids, shared_mask = _left_pad(encoded, tokenizer.pad_token_id, device)  # [B, P]
-    shared = prompt_cache(model, shared_ids, shared_mask)
+    # group's rows (and the prefix all prompts share, once for all).  Inputs are then [the prompt, laid out to P |
+    # the episode so far, left-padded], so that every row's prompt sits where the cache has it (padding in the
+    # middle is masked, positions skip it).
+    prefix = shared_prefix_length(encoded)
+    shared_ids, shared_mask = prompt_layout(encoded, prefix, tokenizer.pad_token_id, device)  # [B, P]
+    shared = prompt_cache(model, shared_ids, shared_mask, prefix)
     stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_token_ids(model, tokenizer)))
     stop_ids = sorted(stops.end_ids | set(stops.by_id or ()))
     states = [EpisodeState(prompt, g, protocol.environment(prompt), sampling.max_new_tokens)

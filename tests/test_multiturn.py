@@ -14,7 +14,18 @@ from mrl.losses import aggregate, clipped_surrogate
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
-from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, policy_forward, position_ids
+from mrl.rollout import (
+    SHARED_PREFIX_MIN,
+    Rollouts,
+    Sampling,
+    end_token_ids,
+    generate,
+    policy_forward,
+    position_ids,
+    prompt_cache,
+    prompt_layout,
+    shared_prefix_length,
+)
 from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 CPU = torch.device("cpu")
@@ -326,6 +337,67 @@ def test_a_shared_prompt_cache_samples_what_a_pass_per_rollout_samples(model, to
     assert sum(len(e.tool_calls) for e in shared.episodes) > 0  # later turns were generated too
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention"):
         assert torch.equal(getattr(shared, name), getattr(alone, name)), name
+
+
+def test_shared_prefix_length_and_layout_by_hand():
+    """The prefix all prompts share, leaving each two tokens of its own; none below SHARED_PREFIX_MIN or for one
+    prompt; then [shared prefix | each rest left-padded]."""
+    m = SHARED_PREFIX_MIN
+    assert shared_prefix_length([[1] * m + [2, 3, 4], [1] * m + [5, 6]]) == m
+    assert shared_prefix_length([[1] * (m + 1) + [2], [1] * (m + 1) + [5, 6]]) == m  # the shorter row keeps two
+    assert shared_prefix_length([[1] * m + [2, 3], [1] * (m - 1) + [9, 5, 6]]) == 0  # m - 1 shared: not worth it
+    assert shared_prefix_length([[1] * (m + 5)]) == 0
+    ids, mask = prompt_layout([[7, 7, 1], [7, 7, 2, 3]], 2, 0, CPU)
+    assert ids.tolist() == [[7, 7, 0, 1], [7, 7, 2, 3]]
+    assert mask.tolist() == [[1, 1, 0, 1], [1, 1, 1, 1]]
+    ids, mask = prompt_layout([[7, 7, 1], [7, 7, 2, 3]], 0, 0, CPU)
+    assert ids.tolist() == [[0, 7, 7, 1], [7, 7, 2, 3]] and mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
+
+
+LONG_PREFIX = " ".join(["add 1 2 ="] * 9)  # 36 words every prompt starts with
+
+
+def test_a_shared_prefix_is_computed_once_and_caches_what_each_prompt_would(model, tokenizer):
+    """prompt_cache with a shared prefix runs the model on one row of it, then on the rests; each row's cached keys
+    and values equal those of its prompt computed whole, alone."""
+    rows = [encode(tokenizer, f"{LONG_PREFIX} {rest}") for rest in ("max 2 9 =", "7", "add 3 4 =")]
+    shared = shared_prefix_length(rows)
+    assert shared >= SHARED_PREFIX_MIN
+    ids, mask = prompt_layout(rows, shared, PAD, CPU)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(tuple(kwargs["input_ids"].shape)),
+                                           with_kwargs=True)
+    try:
+        cache = prompt_cache(model, ids, mask, shared)
+    finally:
+        hook.remove()
+    assert widths == [(1, shared), (3, ids.shape[1] - 1 - shared)]
+    for row, prompt in enumerate(rows):
+        alone = prompt_cache(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
+        kept = mask[row, :-1].bool()  # the row's own positions, padding left out
+        for layer, alone_layer in zip(cache.layers, alone.layers):
+            torch.testing.assert_close(layer.keys[row][:, kept], alone_layer.keys[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(layer.values[row][:, kept], alone_layer.values[0], atol=1e-5, rtol=0)
+
+
+def test_a_shared_prefix_changes_no_token_generated(model, tokenizer, monkeypatch):
+    """generate() with the shared prefix computed once gives, row by row, the prompt tokens, the greedy completions
+    and masks that it gives when every prompt is computed whole."""
+    import mrl.rollout
+
+    tools = {"calc": Tool("calc", fn=lambda prompt, arguments: "| |")}
+    protocol = WordsProtocol(tokenizer, tools, tuple(str(d) for d in range(10)), 3)
+    prompts = [Prompt(f"{LONG_PREFIX} {rest}") for rest in ("max 2 9 =", "7", "add 3 4 =")]
+    shared = generate(model, tokenizer, prompts, 2, Sampling(10, greedy=True), protocol, CPU)
+    monkeypatch.setattr(mrl.rollout, "shared_prefix_length", lambda rows: 0)
+    whole = generate(model, tokenizer, prompts, 2, Sampling(10, greedy=True), protocol, CPU)
+    assert not torch.equal(shared.prompt_mask, whole.prompt_mask)  # a different layout: padding after the prefix
+    for row in range(len(prompts) * 2):
+        assert torch.equal(shared.prompt_ids[row][shared.prompt_mask[row].bool()],
+                           whole.prompt_ids[row][whole.prompt_mask[row].bool()])
+    for name in ("completion_ids", "completion_mask", "completion_attention"):
+        assert torch.equal(getattr(shared, name), getattr(whole, name)), name
+    assert shared.episodes == whole.episodes
 
 
 def test_greedy_generation_picks_the_trainers_most_likely_token(model, tokenizer):
