@@ -18,11 +18,10 @@ import pytest
 from conftest import has_bwrap
 from test_sandbox_escapes import UNDO
 
+from mrl.envs.code import TINY_WRAP, PassRate
 from mrl.episode import Episode, Prompt
-from mrl.rewards.code import PassRate
 from mrl.sandbox import SandboxLimits, TestOutcome, run_tests
 from mrl.sandbox.launcher import tmpfs_sizes
-from mrl.tasks.code import TINY_WRAP
 
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=4.0, memory_mb=256, max_output_bytes=1 << 20)
 needs_bwrap = pytest.mark.skipif(not has_bwrap(), reason="bubblewrap is not installed (apt-get install bubblewrap)")
