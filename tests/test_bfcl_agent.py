@@ -360,7 +360,7 @@ def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
 
 
 def test_replay_is_reached_from_mrl_benchmarks_bfcl_too():
-    from mrl.envs.bfcl import grader as bfcl
+    from mrl.benchmarks import bfcl
 
     e = entry("multi_turn_base_1")
     calls = with_extra(e, 1, ("rm", {"file_name": ".hidden_file"}))

@@ -24,7 +24,6 @@ from mrl.config import UserError
 from mrl.data import SplitPrompts
 from mrl.envs.bfcl import grader
 from mrl.envs.bfcl.files import tool_schemas
-from mrl.envs.bfcl.grader import grade
 from mrl.episode import Demonstration, Episode, Prompt, Reply
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
@@ -89,15 +88,15 @@ class BfclTask:
         return self.split.eval_prompts()
 
     def demonstrations(self, split: str = "train") -> list[Demonstration]:
-        return self.split.demonstrations(split, "rewards=bfcl", self._solved)
+        return self.split.demonstrations(split, "rewards=bfcl", self._demonstration)
 
-    def _solved(self, entry: dict[str, Any]) -> Demonstration | None:
+    def _demonstration(self, entry: dict[str, Any]) -> Demonstration | None:
         """A train record answered with its gold calls (an allowed value per argument, optional ones omitted; a
         parallel record's calls in one turn), where BFCL accepts them; an irrelevance record with a sentence and no
         call."""
         if entry["category"] in IRRELEVANCE:
             reply = Reply(NO_FUNCTION_FITS)
-        elif grade(entry, grader.gold_calls(entry)):
+        elif grader.grade(entry, grader.gold_calls(entry)):
             reply = Reply("", tuple(grader.gold_calls(entry)))
         else:
             return None
@@ -128,7 +127,7 @@ class BfclTask:
         shots = []
         train = self.split.train
         for candidate in rng.sample(train, min(len(train), 4 * self.fewshot + 1)):
-            if candidate["id"] != entry["id"] and grade(candidate, grader.gold_calls(candidate)) \
+            if candidate["id"] != entry["id"] and grader.grade(candidate, grader.gold_calls(candidate)) \
                     and candidate["category"] not in IRRELEVANCE:
                 shots.append(candidate)
             if len(shots) == self.fewshot:
@@ -181,7 +180,7 @@ class Correctness:
         calls = episode_calls(episode)
         if any(not isinstance(arguments, dict) for _, arguments in calls):
             return 0.0
-        return float(grade(episode.prompt.meta, calls))
+        return float(grader.grade(episode.prompt.meta, calls))
 
 
 class NoCall:

@@ -156,9 +156,9 @@ class BfclAgentTask:
         return random.Random(f"bfcl_agent-shots/{self.seed}/{entry['id']}").sample(fits, min(self.fewshot, len(fits)))
 
     def demonstrations(self, split: str = "train") -> list[Demonstration]:
-        return self.split.demonstrations(split, "rewards=bfcl_agent", self._played)
+        return self.split.demonstrations(split, "rewards=bfcl_agent", self._demonstration)
 
-    def _played(self, entry: dict) -> Demonstration | None:
+    def _demonstration(self, entry: dict) -> Demonstration | None:
         """A train entry's whole transcript: in every user turn, each ground-truth call as a turn of its own (its
         real result comes back from the entry's world when played), then a short answer that hands the turn back
         (none after a turn that spends `max_calls_per_turn`).  An entry needing more calls in a turn: None."""
