@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import compose_config
 
-import mrl.envs.code as code_rewards
+import mrl.envs.code as code_env
 import mrl.loop
 from mrl.envs.code import TINY_WRAP, BugRatio, CodeTask, Length, PassRate, program
 from mrl.envs.math_length import AnswerCorrect, LengthLimit, MathLengthTask, last_number
@@ -275,13 +275,13 @@ def test_code_wrap_replaces_only_its_placeholder_and_a_prefix_is_completed():
 
 def test_code_batched_channels_keep_order_and_run_duplicates_once(monkeypatch):
     runs: list[str] = []
-    real = code_rewards.run_tests_many
+    real = code_env.run_tests_many
 
     def counting(items, limits, max_workers=2, **kwargs):
         runs.extend(code for code, _ in items)
         return real(items, limits, max_workers=max_workers, **kwargs)
 
-    monkeypatch.setattr(code_rewards, "run_tests_many", counting)
+    monkeypatch.setattr(code_env, "run_tests_many", counting)
     limits = dict(LIMITS, memory_mb=254)  # a fresh shared cache
     pass_rate, bug_ratio = PassRate(**limits), BugRatio(**limits)
     assert pass_rate.runs is bug_ratio.runs and pass_rate.batched and bug_ratio.batched
