@@ -28,11 +28,11 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from mrl import bounded
 from mrl.config import UserError
-from mrl.episode import Prompt
+from mrl.episode import Demonstration, Prompt, train_split_only
 
 FORMATS = ("a .jsonl file", "a .parquet file", "a directory saved with HF datasets save_to_disk")
 SPLIT_SEP = "::"
@@ -327,10 +327,55 @@ class EpochStream:
         return self.items[self._order[pos]]
 
 
+class SplitPrompts:
+    """A task's items split once into train and held out, served as prompts: `prompt(index)` walks the train items as
+    an EpochStream keyed by `key`, `eval_prompts()` gives the held-out ones, each made a Prompt by `to_prompt` (the
+    items may be Prompts already).  What a dataset, HumanEval and BFCL share; a task holds one and hands `prompt`
+    and `eval_prompts` on to it.
+
+    >>> split = SplitPrompts(["a", "b"], ["c"], key=0, to_prompt=lambda word: Prompt(text=word))
+    >>> len(split), sorted(split.prompt(i).text for i in range(2)), [p.text for p in split.eval_prompts()]
+    (2, ['a', 'b'], ['c'])
+    """
+
+    def __init__(self, train: list, eval: list, key: Any, to_prompt: Callable[[Any], Prompt] | None = None):
+        self.train, self.eval = train, eval
+        self.to_prompt = to_prompt if to_prompt is not None else _as_is
+        self._stream = EpochStream(train, key)
+
+    @classmethod
+    def shuffled(cls, items: list, eval_fraction: float, seed: int, key: Any,
+                 to_prompt: Callable[[Any], Prompt] | None = None) -> SplitPrompts:
+        """`items` split by `split_train_eval(items, eval_fraction, seed)`, the train part streamed by `key`."""
+        train, held_out = split_train_eval(items, eval_fraction, seed)
+        return cls(train, held_out, key, to_prompt)
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def prompt(self, index: int) -> Prompt:
+        """Train item number `index` of the stream as a prompt: the same index always gives the same prompt."""
+        return self.to_prompt(self._stream[index])
+
+    def eval_prompts(self) -> list[Prompt]:
+        """The held-out items as prompts, in their order; never served by `prompt()`."""
+        return [self.to_prompt(item) for item in self.eval]
+
+    def demonstrations(self, split: str, preset: str,
+                       solve: Callable[[Any], Demonstration | None]) -> list[Demonstration]:
+        """`solve(item)` of each train item, those it solves (None: left out); only the train split has any."""
+        train_split_only(split, preset)
+        return [demo for demo in map(solve, self.train) if demo is not None]
+
+
+def _as_is(prompt: Prompt) -> Prompt:
+    return prompt
+
+
 class DatasetTask:
     """A task over a local dataset's prompts: `prompt(index)` walks the train split, reshuffled each epoch.
 
-    Index i is prompt i % len(self) of epoch i // len(self), whose order is a `random.Random(f"{seed}/{epoch}")`
+    Index i is prompt i % n of epoch i // n (n train prompts), whose order is a `random.Random(f"{seed}/{epoch}")`
     shuffle: the same index always gives the same prompt and every train prompt appears once per epoch.
     """
 
@@ -339,19 +384,13 @@ class DatasetTask:
         self.path, self.seed = str(path), seed
         self.schema = schema if schema is not None else Schema(text_field=text_field, required=tuple(required))
         prompts = records_to_prompts(load_records(path), self.schema)
-        self.train, self.eval = split_train_eval(prompts, eval_fraction, seed)
-        if not self.train:
+        self.split = SplitPrompts.shuffled(prompts, eval_fraction, seed, key=seed)
+        if not self.split.train:
             raise UserError(f"dataset {self.path!r} has no train prompts ({len(prompts)} records, "
                             f"eval_fraction={eval_fraction}); point it at a dataset with at least one record")
-        self._stream = EpochStream(self.train, seed)
-
-    def __len__(self) -> int:
-        return len(self.train)
 
     def prompt(self, index: int) -> Prompt:
-        """Train prompt number `index` of the stream: the same index always gives the same prompt."""
-        return self._stream[index]
+        return self.split.prompt(index)
 
     def eval_prompts(self) -> list[Prompt]:
-        """The held-out prompts, never served by `prompt()`."""
-        return list(self.eval)
+        return self.split.eval_prompts()

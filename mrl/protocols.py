@@ -81,7 +81,7 @@ class Turn:
 
 class Environment(Protocol):
     """One episode's stateful world (a task's `environment(prompt)`, one per rollout): tools that act on state kept
-    between calls, and a user who speaks several times (BFCL multi-turn: mrl.tasks.bfcl_agent).  The chat protocol
+    between calls, and a user who speaks several times (BFCL multi-turn: mrl.envs.bfcl_agent).  The chat protocol
     asks it which functions are available, hands it every call to run, and, when the policy answers without a call
     or spends its calls for the turn, asks for the user's next message; the episode ends when there is none."""
 

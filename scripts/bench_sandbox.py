@@ -24,10 +24,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mrl.envs.code import (  # noqa: E402
+    CodeTask,
+    PassRate,  # noqa: E402
+    program,
+)
 from mrl.episode import Episode  # noqa: E402
-from mrl.rewards.code import PassRate  # noqa: E402
 from mrl.sandbox import SandboxLimits, check_sandbox, run_tests  # noqa: E402
-from mrl.tasks.code import CodeTask, program  # noqa: E402
 
 TRIVIAL = ("def f(x):\n    return x\n", ["f(1) == 1"])
 LIMITS = dict(cpu_seconds=1.0, wall_seconds=3.0, memory_mb=256)  # conf/rewards/code.yaml's

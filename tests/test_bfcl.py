@@ -1,4 +1,4 @@
-"""mrl.benchmarks.bfcl: BFCL's data read from the installed package, and grade() agreeing with BFCL's own AST checker.
+"""mrl.envs.bfcl.grader: BFCL's data read from the installed package, and grade() agreeing with BFCL's own AST checker.
 
 The agreement test runs BFCL's `ast_checker` as a test-only oracle (its API-client imports stubbed in sys.modules for
 this module only) on the gold calls of every graded AST category and on mutations of them; the hand-worked tests pin
@@ -12,8 +12,9 @@ from importlib.util import find_spec
 
 import pytest
 
-from mrl.benchmarks import bfcl, bfcl_data
 from mrl.config import UserError
+from mrl.envs.bfcl import files as bfcl_data
+from mrl.envs.bfcl import grader as bfcl
 
 needs_bfcl = pytest.mark.skipif(find_spec("bfcl_eval") is None, reason="bfcl-eval not installed: run `make bfcl`")
 AST_CATEGORIES = [c for c in bfcl.CATEGORIES if "irrelevance" not in c]

@@ -1,5 +1,5 @@
-"""bfcl_agent: BFCL v4 multi-turn as an agent gym (mrl/benchmarks/bfcl_agent.py, mrl/tasks/bfcl_agent.py,
-mrl/rewards/bfcl_agent.py).
+"""bfcl_agent: BFCL v4 multi-turn as an agent gym (mrl/envs/bfcl_agent/: gym.py, the task and
+its channels).
 
 The checks are compared with BFCL's own multi-turn checker (run as an oracle, from the installed package) on the
 ground truth and on corrupted call sequences; the ground truth replays clean on every entry; collateral damage and
@@ -18,13 +18,11 @@ import pytest
 from conftest import compose_config
 from test_protocols import TEMPLATES, build_chat_model, rollout
 
-from mrl.benchmarks import bfcl_agent as gym
 from mrl.config import UserError
+from mrl.envs.bfcl_agent import BfclAgentTask, calls_per_turn, gym, scores
 from mrl.loop import train
 from mrl.models import load_tokenizer
 from mrl.protocols import ChatProtocol
-from mrl.rewards.bfcl_agent import calls_per_turn, scores
-from mrl.tasks.bfcl_agent import BfclAgentTask
 
 SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
 # The one entry whose ground truth BFCL's data gets wrong: turn 1 calls `tail`, which miss_func adds at turn 3.
@@ -292,7 +290,7 @@ def test_fewshot_examples_are_solved_first_turns_with_their_real_results():
     e = task.entries["multi_turn_base_0"]
     messages = task.to_prompt(e).messages
     assert messages[-1] == {"role": "user", "content": gym.user_turns(e)[0]}
-    shot = next(s for s in task.train if s["question"][0][0]["content"] == messages[0]["content"])
+    shot = next(s for s in task.split.train if s["question"][0][0]["content"] == messages[0]["content"])
     calls = [m["tool_calls"][0]["function"] for m in messages if m.get("tool_calls")]
     assert [(c["name"], c["arguments"]) for c in calls] == gym.gold_calls(shot)[0]
     assert {c["name"] for c in calls} <= gym.available(e, 0)  # the example calls only what this entry offers

@@ -9,14 +9,14 @@ import pytest
 from conftest import compose_config
 from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model fixtures
 
-from mrl.benchmarks import bfcl, bfcl_data
 from mrl.config import UserError
+from mrl.envs.bfcl import BfclTask, Correctness, Format, NoCall, RightFunctions, held_out
+from mrl.envs.bfcl import files as bfcl_data
+from mrl.envs.bfcl import grader as bfcl
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.protocols import ChatProtocol
-from mrl.rewards.bfcl import Correctness, Format, NoCall, RightFunctions
 from mrl.rewards.channels import build_reward_set
 from mrl.tasks import build_task, episode_protocol
-from mrl.tasks.bfcl import BfclTask, held_out
 
 
 def answer(*calls: tuple[str, dict]) -> str:
@@ -35,15 +35,15 @@ def simple():
 
 def test_the_held_out_split_is_fixed_by_record_id(simple):
     other = BfclTask(["simple_python", "multiple"], seed=7)
-    held = {e["id"] for e in simple.eval}
-    assert held == {e["id"] for e in other.eval if e["category"] == "simple_python"}  # whatever the seed or mix
-    assert not held & {e["id"] for e in simple.train} and len(held) + len(simple.train) == 400
+    held = {e["id"] for e in simple.split.eval}
+    assert held == {e["id"] for e in other.split.eval if e["category"] == "simple_python"}  # whatever the seed or mix
+    assert not held & {e["id"] for e in simple.split.train} and len(held) + len(simple.split.train) == 400
     assert 60 <= len(held) <= 100 and all(held_out(i, 20) for i in held)
-    assert {simple.prompt(i).meta["id"] for i in range(len(simple))} == {e["id"] for e in simple.train}
+    assert {simple.prompt(i).meta["id"] for i in range(len(simple.split))} == {e["id"] for e in simple.split.train}
 
 
 def test_a_prompt_carries_the_records_tools_messages_and_ground_truth(simple):
-    entry = simple.eval[0]
+    entry = simple.split.eval[0]
     prompt = simple.eval_prompts()[0]
     assert prompt.tools == bfcl_data.tool_schemas(entry) and prompt.messages == bfcl.messages(entry)
     assert prompt.text == entry["question"][0][-1]["content"]
@@ -52,11 +52,11 @@ def test_a_prompt_carries_the_records_tools_messages_and_ground_truth(simple):
 
 def test_fewshot_shows_solved_train_records_and_declares_their_functions():
     task = BfclTask(["simple_python"], seed=0, fewshot=1)
-    prompt, entry = task.eval_prompts()[0], task.eval[0]
+    prompt, entry = task.eval_prompts()[0], task.split.eval[0]
     shot_user, shot_call, question = prompt.messages
     assert (shot_user["role"], shot_call["role"], question["role"]) == ("user", "assistant", "user")
     (call,) = shot_call["tool_calls"]
-    shot = next(e for e in task.train if e["question"][0][-1]["content"] == shot_user["content"])
+    shot = next(e for e in task.split.train if e["question"][0][-1]["content"] == shot_user["content"])
     assert bfcl.grade(shot, [(call["function"]["name"], call["function"]["arguments"])])  # a right answer
     names = [t["function"]["name"] for t in prompt.tools]
     assert names[0] == entry["function"][0]["name"] and call["function"]["name"] in names

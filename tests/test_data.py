@@ -162,9 +162,9 @@ def test_task_same_index_same_prompt(task, tmp_path):
 
 
 def test_task_epochs_cover_train_exactly_once(task):
-    n = len(task)
+    n = len(task.split)
     assert n == 9 and len(task.eval_prompts()) == 3
-    train_texts = sorted(p.text for p in task.train)
+    train_texts = sorted(p.text for p in task.split.train)
     epoch0 = [task.prompt(i).text for i in range(n)]
     epoch1 = [task.prompt(i).text for i in range(n, 2 * n)]
     assert sorted(epoch0) == sorted(epoch1) == train_texts
@@ -173,14 +173,14 @@ def test_task_epochs_cover_train_exactly_once(task):
 
 def test_task_eval_prompts_never_served(task):
     eval_texts = {p.text for p in task.eval_prompts()}
-    served = {task.prompt(i).text for i in range(5 * len(task))}
+    served = {task.prompt(i).text for i in range(5 * len(task.split))}
     assert eval_texts and not eval_texts & served
     assert served | eval_texts == {r["prompt"] for r in RECORDS}
 
 
 def test_task_meta_carries_other_fields(task):
     by_text = {r["prompt"]: r for r in RECORDS}
-    for i in range(len(task)):
+    for i in range(len(task.split)):
         p = task.prompt(i)
         assert p.meta == {"answer": by_text[p.text]["answer"], "level": by_text[p.text]["level"]}
 

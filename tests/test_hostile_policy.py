@@ -19,12 +19,10 @@ from test_bfcl_agent import entry, play, scripted
 from test_protocols import TEMPLATES, build_chat_model
 
 from mrl import bounded
-from mrl.benchmarks import bfcl_agent as gym
+from mrl.envs.bfcl_agent import BfclAgentTask, gym, scores
+from mrl.envs.tool_call import parse_call
 from mrl.models import load_tokenizer
 from mrl.protocols import CHARS_PER_TOKEN, _cut_to, read_call
-from mrl.rewards.bfcl_agent import scores
-from mrl.tasks.bfcl_agent import BfclAgentTask
-from mrl.tasks.tool_call import parse_call
 
 DEEP = '{"name": "ls", "arguments": ' + "[" * 1000  # the issue's `<tool_call>[[[[...`
 DIGITS = '{"name": "add", "arguments": {"a": ' + "9" * 4301 + ', "b": 1}}'

@@ -1,4 +1,4 @@
-"""mrl.benchmarks.humaneval: check(candidate)'s asserts as sandbox tests, programs from bodies or whole functions,
+"""mrl.envs.humaneval: check(candidate)'s asserts as sandbox tests, programs from bodies or whole functions,
 and grading through the sandbox: canonical solutions 1.0, trivial bodies and reward fakes 0."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import time
 import pytest
 from conftest import has_bwrap
 
-from mrl.benchmarks import humaneval
-from mrl.benchmarks.humaneval import HumanEvalTask, grade, load_problems, problem_tests, program
 from mrl.config import UserError
+from mrl.envs import code as code_task
+from mrl.envs import humaneval
+from mrl.envs.code import PassRate
+from mrl.envs.humaneval import HumanEvalTask, grade, load_problems, problem_tests, program
 from mrl.episode import Episode, Prompt
-from mrl.rewards.code import PassRate
 from mrl.sandbox import run_tests, run_tests_many
-from mrl.tasks import code as code_task
 
 SANDBOX = "bwrap" if has_bwrap() else "process"  # the process sandbox grades the same way (test_sandbox.py)
 PROBLEMS = {p["task_id"]: p for p in load_problems()}
@@ -161,7 +161,7 @@ def test_a_factorial_of_2000_comes_back_whole():
 
 def _rates(task_ids: list[str], completions: list[str]) -> list[float]:
     """Pass rates through the code channel, as training grades them (2 sandboxes at a time)."""
-    task = {p.meta["task_id"]: p for p in HumanEvalTask(eval_fraction=0).train}
+    task = {p.meta["task_id"]: p for p in HumanEvalTask(eval_fraction=0).split.train}
     channel = PassRate(cpu_seconds=humaneval.LIMITS.cpu_seconds, wall_seconds=humaneval.LIMITS.wall_seconds,
                        memory_mb=humaneval.LIMITS.memory_mb, workers=2, sandbox=SANDBOX)
     return channel([_episode(task[t], c) for t, c in zip(task_ids, completions)])
@@ -240,13 +240,13 @@ def test_task_split_prompts_and_meta():
     task = HumanEvalTask(seed=0, eval_fraction=0.2)
     other = HumanEvalTask(seed=1, eval_fraction=0.2)
     held_out = [p.meta["task_id"] for p in task.eval_prompts()]
-    assert len(held_out) == 33 and len(task) == 131  # round(164 * 0.2)
+    assert len(held_out) == 33 and len(task.split) == 131  # round(164 * 0.2)
     assert held_out == [p.meta["task_id"] for p in other.eval_prompts()]  # the split is fixed, not the seed's
     first_epoch = [task.prompt(i).meta["task_id"] for i in range(131)]
     assert sorted(first_epoch) == sorted(set(PROBLEMS) - set(held_out))
     assert first_epoch != [other.prompt(i).meta["task_id"] for i in range(131)]  # the seed orders the stream
     assert task.prompt(5) is task.prompt(5) and task.prompt(131 + 5).meta["task_id"] in first_epoch
-    prompt = next(p for p in task.train + task.eval if p.meta["task_id"] == "HumanEval/23")
+    prompt = next(p for p in task.split.train + task.split.eval if p.meta["task_id"] == "HumanEval/23")
     problem = PROBLEMS["HumanEval/23"]
     assert prompt.text == problem["prompt"] == prompt.meta["prefix"]
     assert prompt.meta["tests"] == problem_tests(problem)
@@ -280,5 +280,5 @@ def test_rewards_humaneval_composes_and_builds_its_task_and_channels():
     assert isinstance(task, HumanEvalTask) and len(task.eval_prompts()) == 33
     channel = instantiate(cfg.rewards.channels.pass_rate.fn)
     problem = PROBLEMS["HumanEval/23"]
-    prompt = next(p for p in task.train + task.eval if p.meta["task_id"] == "HumanEval/23")
+    prompt = next(p for p in task.split.train + task.split.eval if p.meta["task_id"] == "HumanEval/23")
     assert channel([_episode(prompt, problem["canonical_solution"]), _episode(prompt, "    pass\n")]) == [1.0, 0.0]

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.losses import aggregate, clipped_surrogate
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.protocols import Tool, WordsProtocol
-from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rollout import (
     SHARED_PREFIX_MIN,
     Rollouts,
@@ -26,7 +26,6 @@ from mrl.rollout import (
     prompt_layout,
     shared_prefix_length,
 )
-from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 CPU = torch.device("cpu")
 PAD, EOS = 0, 1

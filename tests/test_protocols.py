@@ -22,14 +22,13 @@ from transformers import GenerationConfig
 
 from mrl.chat_template import CALL_CLOSE, inspect_template
 from mrl.config import UserError
+from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
 from mrl.episode import Prompt, ToolCall, agent_metrics
 from mrl.loop import train
 from mrl.models import load_causal_lm, load_tokenizer
 from mrl.protocols import ChatProtocol, Tool, WordsProtocol
-from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rollout import Rollouts, Sampling, StopStrings, generate
 from mrl.stops import END_OF_TURN, Stops, first_stop
-from mrl.tasks.agent_triple import AgentTriple, read_answer
 from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
 
 CPU = torch.device("cpu")
@@ -296,9 +295,8 @@ def test_a_result_over_the_budget_is_cut_cleanly(tok):
 
 
 def test_a_call_to_a_tool_without_a_function_ends_the_episode(tok):
-    from mrl.rewards.tool_call import Correctness as CallCorrectness
-    from mrl.rewards.tool_call import Format
-    from mrl.tasks.tool_call import ToolCallTask
+    from mrl.envs.tool_call import Correctness as CallCorrectness
+    from mrl.envs.tool_call import Format, ToolCallTask
 
     task = ToolCallTask(seed=0)
     prompt = task.prompt(0)

@@ -10,11 +10,11 @@ from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model
 
 from mrl.config import UserError
 from mrl.data import DatasetTask, record_messages, record_tools, records_to_prompts
+from mrl.envs.calc_agent import CalcAgent
+from mrl.envs.tool_call import ToolCallTask
 from mrl.episode import Prompt, ToolCall
 from mrl.protocols import ChatProtocol, Tool, split_calls
 from mrl.tasks import DatasetPrompts
-from mrl.tasks.calc_agent import CalcAgent
-from mrl.tasks.tool_call import ToolCallTask
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

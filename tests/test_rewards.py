@@ -16,11 +16,10 @@ from torch.testing import assert_close
 
 from mrl.algos import ESTIMATORS
 from mrl.config import RewardsConfig, UserError
+from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import tiny_vocab
-from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
 from mrl.rewards.channels import ChannelSpec, OverlongPenalty, RewardError, RewardSet, build_reward_set
-from mrl.tasks.agent_triple import AgentTriple, read_answer
 
 MAX_37 = Prompt("max 3 7 =", {"op": "max", "digits": [3, 7], "target": 7})
 ADD_34 = Prompt("add 3 4 =", {"op": "add", "digits": [3, 4], "target": 7})
@@ -574,9 +573,9 @@ def test_user_channel_by_target_override():
 def test_user_channel_new_by_hand_config():
     rewards = OmegaConf.merge(OmegaConf.structured(RewardsConfig), {
         "name": "mine",
-        "task": {"_target_": "mrl.tasks.agent_triple.AgentTriple"},
+        "task": {"_target_": "mrl.envs.agent_triple.AgentTriple"},
         "channels": {
-            "correctness": {"fn": {"_target_": "mrl.rewards.agent_triple.Correctness"}},
+            "correctness": {"fn": {"_target_": "mrl.envs.agent_triple.Correctness"}},
             "short": {"fn": {"_target_": f"{__name__}.my_channel", "_partial_": True}, "weight": 0.5},
         },
     })

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from mrl.cli import app
 from mrl.config import UserError
+from mrl.envs.code import is_empty
 from mrl.episode import Episode, Prompt
 from mrl.evaluate import check_counts, run_config
 from mrl.export import export
@@ -31,7 +32,6 @@ from mrl.rundir import (
     run_identity,
     seal_checkpoint,
 )
-from mrl.tasks.code import is_empty
 from mrl.tracking import MetricsFile, read_metrics
 from mrl.validation import validate
 
@@ -190,10 +190,10 @@ SHELL = "import os; os.system('touch /tmp/owned')"
      "names _target_ 'mrl.rundir.Path' at rewards.task.path, where a run's config names no code"),
     (lambda c: c["rewards"]["task"].update({"_target_": "mrl.rundir.atomic_write_text", "text": SHELL}),
      "names _target_ 'mrl.rundir.atomic_write_text' at rewards.task, not one of mrl's own tasks and channels"),
-    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.tasks.code.os.system"}),
-     "names _target_ 'mrl.tasks.code.os.system' at rewards.task, not one of mrl's own tasks"),
-    (lambda c: c["model"].update({"chat_template_kwargs": {"x": {"_target_": "mrl.tasks.code.CodeTask"}}}),
-     "names _target_ 'mrl.tasks.code.CodeTask' at model.chat_template_kwargs.x, where a run's config names no"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.envs.code.os.system"}),
+     "names _target_ 'mrl.envs.code.os.system' at rewards.task, not one of mrl's own tasks"),
+    (lambda c: c["model"].update({"chat_template_kwargs": {"x": {"_target_": "mrl.envs.code.CodeTask"}}}),
+     "names _target_ 'mrl.envs.code.CodeTask' at model.chat_template_kwargs.x, where a run's config names no"),
     (lambda c: c["rewards"].update({"sandbox": "process"}),
      "sets rewards.sandbox=process: the checkpoint's code would run outside the sandbox"),
 ])

@@ -280,14 +280,14 @@ def test_stdin_stdout_tests_compare_the_output_here():
 
 def _claims(raw: bytes, n_probes: int, n_io: int = 0):
     """The sandbox's result lines as the grader sees them: parsed claims, their values rebuilt from builtins."""
-    from mrl.sandbox import grading, wire
+    from mrl.sandbox import expressions, wire
 
     reply = wire.parse(raw, n_probes, n_io)
     probes = {}
     for k, (kind, value) in reply.probes.items():
         try:
-            probes[k] = (kind, grading.decode(value) if kind == "v" else value)
-        except grading.NotPlain:
+            probes[k] = (kind, expressions.decode(value) if kind == "v" else value)
+        except expressions.NotPlain:
             probes[k] = ("e", "NotPlainData")
     return reply, probes
 

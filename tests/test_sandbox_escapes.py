@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 from conftest import has_bwrap
 
+from mrl.envs.code import TINY_WRAP, BugRatio, PassRate
 from mrl.episode import Episode, Prompt
-from mrl.rewards.code import BugRatio, PassRate
 from mrl.sandbox import SandboxLimits, run_tests
-from mrl.tasks.code import TINY_WRAP
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=4.0, memory_mb=256, max_output_bytes=1 << 20)

@@ -18,11 +18,10 @@ import pytest
 from conftest import has_bwrap
 from test_sandbox_escapes import UNDO
 
+from mrl.envs.code import TINY_WRAP, PassRate
 from mrl.episode import Episode, Prompt
-from mrl.rewards.code import PassRate
 from mrl.sandbox import SandboxLimits, TestOutcome, run_tests
 from mrl.sandbox.launcher import tmpfs_sizes
-from mrl.tasks.code import TINY_WRAP
 
 LIMITS = SandboxLimits(cpu_seconds=2.0, wall_seconds=4.0, memory_mb=256, max_output_bytes=1 << 20)
 needs_bwrap = pytest.mark.skipif(not has_bwrap(), reason="bubblewrap is not installed (apt-get install bubblewrap)")
@@ -116,12 +115,12 @@ def test_a_stalled_comparison_scores_zero_and_the_rest_is_graded(sandbox):
 
 
 def test_the_grading_budget_bounds_all_tests_of_a_program():
-    from mrl.sandbox import grader
+    from mrl.sandbox import grade_processes
 
     # Ten stalls of a second each would be ten seconds: the budget ends them after two.
     job = ("f(1) // f(2) == 1", [("v", {"int": "1" + "0" * 2_000_000}), ("v", {"int": "f" * 1_000_000})])
     start = time.monotonic()
-    verdicts = grader.grade_many([job] * 10, grader_interpreter(), seconds=1.0, budget=2.0)
+    verdicts = grade_processes.grade_many([job] * 10, grader_interpreter(), seconds=1.0, budget=2.0)
     assert time.monotonic() - start < 4
     assert verdicts == [(False, "GradeTimeout")] * 10
 

@@ -21,13 +21,13 @@ from test_protocols import Scripted, build_chat_model, encode
 from mrl.chat_template import CALL_CLOSE
 from mrl.config import CONF_DIR, UserError
 from mrl.demonstrations import conversation, play, reply_turns, task_demonstrations
+from mrl.envs.calc_agent import CalcAgent
 from mrl.episode import Demonstration, Prompt, Reply
 from mrl.models import load_tokenizer
 from mrl.protocols import ChatProtocol, ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import Sampling, generate
 from mrl.sft import batch_of, cut_to_length, sft, sft_loss
-from mrl.tasks.calc_agent import CalcAgent
 from mrl.tracking import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,14 +167,14 @@ def test_every_bfcl_multi_turn_base_train_entry_round_trips_to_full_correctness_
 
 
 def test_only_the_train_split_becomes_demonstrations():
-    from mrl.tasks.bfcl import BfclTask
-    from mrl.tasks.bfcl_agent import BfclAgentTask
+    from mrl.envs.bfcl import BfclTask
+    from mrl.envs.bfcl_agent import BfclAgentTask
 
     for task in (BfclTask(["simple_python", "irrelevance"]), BfclAgentTask()):
         sources = {d.source for d in task.demonstrations("train")}
-        held_out = {e["id"] for e in task.eval}
+        held_out = {e["id"] for e in task.split.eval}
         assert sources and held_out and not sources & held_out
-        assert sources <= {e["id"] for e in task.train}
+        assert sources <= {e["id"] for e in task.split.train}
         with pytest.raises(UserError, match="only the 'train' split"):
             task.demonstrations("eval")
     generator = CalcAgent(seed=3)
@@ -182,7 +182,7 @@ def test_only_the_train_split_becomes_demonstrations():
 
 
 def test_humaneval_gives_no_demonstrations_and_says_why_in_one_line():
-    from mrl.benchmarks.humaneval import HumanEvalTask
+    from mrl.envs.humaneval import HumanEvalTask
 
     with pytest.raises(UserError) as err:
         task_demonstrations(HumanEvalTask())

@@ -11,18 +11,15 @@ import time
 import pytest
 from conftest import compose_config
 
+import mrl.envs.code as code_env
 import mrl.loop
-import mrl.rewards.code as code_rewards
+from mrl.envs.code import TINY_WRAP, BugRatio, CodeTask, Length, PassRate, program
+from mrl.envs.math_length import AnswerCorrect, LengthLimit, MathLengthTask, last_number
+from mrl.envs.tool_call import OP_TO_TOOL, TOOL_PARAMS, Correctness, Format, ToolCallTask, parse_call
 from mrl.episode import Episode, Prompt
 from mrl.loop import train
 from mrl.rewards.channels import ChannelSpec, RewardSet, build_reward_set
-from mrl.rewards.code import BugRatio, Length, PassRate
-from mrl.rewards.math_length import AnswerCorrect, LengthLimit
-from mrl.rewards.tool_call import Correctness, Format
 from mrl.tasks import build_task, held_out_prompts
-from mrl.tasks.code import TINY_WRAP, CodeTask, program
-from mrl.tasks.math_length import MathLengthTask, last_number
-from mrl.tasks.tool_call import OP_TO_TOOL, TOOL_PARAMS, ToolCallTask, parse_call
 from mrl.tracking import METRICS_FILE, read_metrics
 
 
@@ -106,7 +103,7 @@ def test_tool_call_channels_on_json_with_named_arguments(arguments, expected):
 
 
 def test_tool_call_json_form_of_the_builtin_call_is_fully_correct():
-    # mrl/tasks/tool_call.py documents `{"name": "calc", "arguments": {"a": 3, "b": 7}}` as the JSON form of the
+    # mrl/envs/tool_call.py documents `{"name": "calc", "arguments": {"a": 3, "b": 7}}` as the JSON form of the
     # built-in call `calc 3 7` (tools calc(a, b)): Format accepts it (names {a, b} == params), so Correctness should
     # match a -> "3", b -> "7" through the declared parameters: (1 + 2/2) / 2 = 1.0.
     completion = '{"name": "calc", "arguments": {"a": 3, "b": 7}}'
@@ -278,13 +275,13 @@ def test_code_wrap_replaces_only_its_placeholder_and_a_prefix_is_completed():
 
 def test_code_batched_channels_keep_order_and_run_duplicates_once(monkeypatch):
     runs: list[str] = []
-    real = code_rewards.run_tests_many
+    real = code_env.run_tests_many
 
     def counting(items, limits, max_workers=2, **kwargs):
         runs.extend(code for code, _ in items)
         return real(items, limits, max_workers=max_workers, **kwargs)
 
-    monkeypatch.setattr(code_rewards, "run_tests_many", counting)
+    monkeypatch.setattr(code_env, "run_tests_many", counting)
     limits = dict(LIMITS, memory_mb=254)  # a fresh shared cache
     pass_rate, bug_ratio = PassRate(**limits), BugRatio(**limits)
     assert pass_rate.runs is bug_ratio.runs and pass_rate.batched and bug_ratio.batched
@@ -392,7 +389,7 @@ def test_held_out_prompts_of_a_generator_use_negative_indices(rewards):
 def test_code_cache_clearing_keeps_the_batch_scorable():
     # A full cache is cleared before a batch's missing programs run: the programs of the batch that were cached
     # must be run again, not looked up in the emptied cache (KeyError, seen 150 steps into a code run).
-    from mrl.rewards.code import _SandboxRuns
+    from mrl.envs.code import _SandboxRuns
     from mrl.sandbox import SandboxLimits
 
     runs = _SandboxRuns(SandboxLimits(cpu_seconds=1, wall_seconds=2, memory_mb=255), workers=1, max_entries=2)
@@ -406,9 +403,8 @@ def test_code_cache_clearing_keeps_the_batch_scorable():
 
 
 def test_calc_agent_prompts_tool_and_channels():
+    from mrl.envs.calc_agent import CalcAgent, Correctness, Format
     from mrl.episode import ToolCall
-    from mrl.rewards.calc_agent import Correctness, Format
-    from mrl.tasks.calc_agent import CalcAgent
 
     task = CalcAgent(seed=3, fewshot=1)
     p = task.prompt(0)

@@ -42,7 +42,7 @@ def test_train_bfcl_scores_every_held_out_record():
     from mrl.tasks import build_task
 
     cfg = compose_config(*makefile_overrides("TRAIN_BFCL"), shrink=False)
-    assert cfg.trainer.eval_prompts == len(build_task(cfg).eval) == 78
+    assert cfg.trainer.eval_prompts == len(build_task(cfg).split.eval) == 78
 
 
 @pytest.mark.slow

@@ -181,7 +181,7 @@ def test_eval_reads_the_config_the_run_trained_with(tmp_path):
     """A run trained with --config-dir cannot be composed again from conf/: eval reads .hydra/config.yaml."""
     cfg = compose_config("algo=gdpo_conditioned", "rewards=math_length")
     saved = OmegaConf.to_container(cfg)
-    saved["rewards"]["channels"]["mine"] = {"fn": {"_target_": "mrl.rewards.math_length.AnswerCorrect"}}
+    saved["rewards"]["channels"]["mine"] = {"fn": {"_target_": "mrl.envs.math_length.AnswerCorrect"}}
     (tmp_path / ".hydra").mkdir()
     (tmp_path / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     (tmp_path / ".hydra" / "overrides.yaml").write_text("- rewards=my_rewards_from_a_config_dir\n")

@@ -5,11 +5,13 @@
 arguments raise `ValueError`, and a sandbox that cannot start raises `SandboxUnavailable` (one line saying why).
 
 The package, by side of the boundary:
-  child.py     the program that runs inside the sandbox (untrusted side: stdlib only, passed with `python -c`)
-  wire.py      the request it reads and the result lines it writes, read here as claims
-  launcher.py  bubblewrap's command line, the process, its pipes and limits
-  grading.py   a test's expression evaluated on the returned plain values (stdlib only)
-  grader.py    the trusted grading subprocesses that run grading.py under a time limit
+  child.py        the program that runs inside the sandbox (untrusted side: stdlib only, passed with `python -c`)
+  wire.py         the request it reads and the result lines it writes, read here as claims
+  launcher.py     bubblewrap's command line, the process, its pipes and limits
+  expressions.py  a test as an expression: its probes cut out and evaluated on the returned plain values
+                  (stdlib only); run as a script, it is the grading subprocess
+  grade_processes.py
+                  the trusted grading subprocesses that run expressions.py under a time limit
 
 Grading happens outside the sandbox; the sandbox only runs the program and returns plain data.
   * A test is an expression (`f(2) == 4`, `abs(f(0.5) - 1) < 1e-6`, `f('abc').startswith('c')`) or an assert
@@ -17,11 +19,11 @@ Grading happens outside the sandbox; the sandbox only runs the program and retur
     goes to the sandbox, which sends back each one's value as tagged JSON, plain data of exact builtin types only (an
     object with its own `__eq__`, a subclass of str or int, fails that test with `NotPlainData`; a value over
     `max_value_bytes` with `ValueTooLarge`).  Everything around a probe, methods of builtin types included
-    (`.startswith`, `.count`, `.keys`; see grading.METHODS), `set(...)`, `sorted(...)` and the comparison, is
+    (`.startswith`, `.count`, `.keys`; see expressions.METHODS), `set(...)`, `sorted(...)` and the comparison, is
     evaluated outside, on the values rebuilt from builtins; a test that needs more (a lambda or comprehension around
     the program's values) fails with `UnsupportedTest` rather than run anywhere.
   * That evaluation runs in a trusted grading subprocess (`python -I -S`, no code of the program) with a time limit
-    per test (grader.GRADE_SECONDS) and for all of a program's tests (wall_seconds): a value built to stall it
+    per test (grade_processes.GRADE_SECONDS) and for all of a program's tests (wall_seconds): a value built to stall it
     (keys that share one hash, a quadratic comparison) makes that test fail with `GradeTimeout`, never the trainer
     wait.  Sets and dicts with more than a few distinct keys of one hash are refused outright (`NotPlainData`).
   * A test `{"stdin": ..., "stdout": ...}` runs the program as `__main__` with that stdin; the sandbox returns what
@@ -64,7 +66,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 from mrl.sandbox import launcher
-from mrl.sandbox.grading import MATH, SAFE_FUNCS, Bad, Expr, grade, parse_test
+from mrl.sandbox.expressions import MATH, SAFE_FUNCS, Bad, Expr, grade, parse_test
 from mrl.sandbox.launcher import CHILD, SANDBOXES, check_sandbox, sandbox_name
 from mrl.sandbox.results import STATUSES, SandboxLimits, SandboxResult, SandboxUnavailable, TestOutcome
 

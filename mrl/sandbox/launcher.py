@@ -1,10 +1,10 @@
 """Starting the sandbox: bubblewrap's command line, the child process, its pipes and limits, and the result.
 
 `run(code, tests, limits, sandbox)` is `run_tests` without the argument checks: it parses the tests
-(mrl.sandbox.grading), starts mrl/sandbox/child.py as `python -I -S -c <its text>` (inside bwrap, or as a plain
+(mrl.sandbox.expressions), starts mrl/sandbox/child.py as `python -I -S -c <its text>` (inside bwrap, or as a plain
 process for `sandbox="process"`), feeds it the request, drains its stdout, stderr and result pipe up to their caps
 until the wall-clock limit, kills its whole process group, and grades the claims it made in a grading subprocess
-(mrl.sandbox.grader).
+(mrl.sandbox.grade_processes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from mrl.config import Sandbox
-from mrl.sandbox import grader, grading, wire
+from mrl.sandbox import expressions, grade_processes, wire
 from mrl.sandbox.results import SandboxLimits, SandboxResult, SandboxUnavailable, TestOutcome
 
 SANDBOXES = tuple(s.value for s in Sandbox)
@@ -290,17 +290,17 @@ def _end_namespace(pidfd: int) -> None:
 
 
 def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxResult:
-    parsed = [grading.parse_test(t) for t in tests]
+    parsed = [expressions.parse_test(t) for t in tests]
     probe_slices, io_indices, sources, stdins = [], [], [], []  # per test: its probes, its stdin's index
     for p in parsed:
         start = len(sources)
-        if isinstance(p, grading.Expr):
+        if isinstance(p, expressions.Expr):
             sources.extend(p.sources)
-        elif isinstance(p, grading.IO):
+        elif isinstance(p, expressions.IO):
             stdins.append(p.stdin)
         probe_slices.append(slice(start, len(sources)))
-        io_indices.append(len(stdins) - 1 if isinstance(p, grading.IO) else None)
-    load = any(isinstance(p, grading.Expr) for p in parsed) or not stdins
+        io_indices.append(len(stdins) - 1 if isinstance(p, expressions.IO) else None)
+    load = any(isinstance(p, expressions.Expr) for p in parsed) or not stdins
     cpu = max(1, math.ceil(limits.cpu_seconds))
     payload = wire.request(code, sources, stdins, load, {
         "cpu": cpu, "mem": int(limits.memory_mb * 1024 * 1024), "fsize": FILE_SIZE_LIMIT, "nofile": OPEN_FILES_LIMIT,
@@ -376,14 +376,14 @@ def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxR
     outcomes: list[TestOutcome | None] = []
     jobs, waiting = [], []  # expression tests whose probes all came back: graded together, in the grader
     for i, (p, probe_slice, io_index) in enumerate(zip(parsed, probe_slices, io_indices)):
-        if isinstance(p, grading.Bad):
+        if isinstance(p, expressions.Bad):
             outcomes.append(TestOutcome(False, p.error))
         elif status == "syntax_error":
             outcomes.append(TestOutcome(False, "SyntaxError"))
-        elif isinstance(p, grading.IO):
+        elif isinstance(p, expressions.IO):
             if io_index in reply.io:
                 out, err = reply.io[io_index]
-                outcomes.append(TestOutcome(err is None and grading.same_output(out, p.stdout), err))
+                outcomes.append(TestOutcome(err is None and expressions.same_output(out, p.stdout), err))
             else:
                 outcomes.append(TestOutcome(False, status))
         elif reply.header == "load_error":
@@ -395,7 +395,7 @@ def run(code: str, tests: list, limits: SandboxLimits, sandbox: str) -> SandboxR
         else:
             outcomes.append(TestOutcome(False, status))
     if jobs:
-        verdicts = grader.grade_many(jobs, _interpreter(), budget=float(limits.wall_seconds))
+        verdicts = grade_processes.grade_many(jobs, _interpreter(), budget=float(limits.wall_seconds))
         for i, (passed, error) in zip(waiting, verdicts):
             outcomes[i] = TestOutcome(passed, error)
     return SandboxResult(outcomes=outcomes, status=status, stdout=raw_out.decode("utf-8", "replace"),

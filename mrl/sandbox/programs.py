@@ -1,6 +1,6 @@
 """From a completion to the program it stands for: its Markdown fence removed, or the function it completes.
 
-Shared by the code task (mrl/tasks/code.py) and HumanEval (mrl/benchmarks/humaneval.py); the program then runs in
+Shared by the code task (mrl/envs/code.py) and HumanEval (mrl/envs/humaneval.py); the program then runs in
 the sandbox (mrl.sandbox.run_tests).  Pure string work: nothing here runs code.
 """
 

@@ -4,7 +4,7 @@ Request (stdin, marshal): {"code", "probes": [source], "io": [stdin], "load": bo
 pipe's fd, one JSON line each): see mrl.sandbox.child.  `parse` reads them as claims: malformed lines, bad indices
 and repeats are ignored, a probe's first well-formed answer counts.  Values stay as the tagged JSON they came as:
 `json.loads` builds only lists and str-keyed dicts here (str hashes are randomised per process, so they cannot be
-made to collide), and mrl.sandbox.grading rebuilds them into sets and dicts in the grading subprocess, not here.
+made to collide), and mrl.sandbox.expressions rebuilds them into sets and dicts in the grading subprocess, not here.
 """
 
 from __future__ import annotations

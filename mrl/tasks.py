@@ -8,6 +8,10 @@ prompts may carry an `answer_prefix`), and `environment(prompt)` (chat protocol:
 mrl.protocols.Environment: tools acting on state, a user who speaks several times; BFCL multi-turn).  A prompt's
 own `tools` (a dataset record's, BFCL's) replace the task's for its episodes.  Which protocol the
 episodes follow, the tiny model's words or the model's own chat format, is the model's choice (`model.tool_format`).
+
+The built-in tasks live with their channels in mrl.envs (one home per environment); this module builds the
+configured one (`rewards.task`, fed from `data.path` when given), its protocol, its held-out prompts, and checks
+the dataset a run reads.
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def _check_dataset(cfg: DictConfig, context: int | None) -> None:
     if context is None:
         return
     limit = context * CHARS_PER_TOKEN
-    for prompt in [*task.train, *task.eval]:
+    for prompt in [*task.split.train, *task.split.eval]:
         # What the template renders: the text, every turn, and the tools' declarations (a 3 MB schema reached the
         # OOM killer when it was not counted).
         turns = [len(str(m.get("content") or "")) + len(json.dumps(m.get("tool_calls") or [], default=str))

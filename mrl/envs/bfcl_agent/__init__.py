@@ -1,4 +1,5 @@
-"""bfcl_agent: BFCL v4 multi-turn as an agent gym (mrl.benchmarks.bfcl_agent: the data, the worlds, the checks).
+"""bfcl_agent: BFCL v4 multi-turn as an agent gym (gym.py: the data, the worlds, the checks).  This module: the task
+and its channels.
 
 An episode is one BFCL entry.  Its classes are instantiated from the entry's `initial_config` (a world per rollout),
 their functions are declared as tools, and its user turns come one after another: the first is the prompt; within a
@@ -6,10 +7,13 @@ turn the agent calls tools (`<tool_call>` JSON in its chat format), each dispatc
 with the parsed arguments, its result read back as a `tool` message, until it answers without a call or has made
 `max_calls_per_turn` calls; then the user's next message comes (a miss_func turn that adds functions declares them
 in that message: the tools of a transcript already under way cannot be declared again), and after the last turn the
-episode ends.  The reward channels (mrl.rewards.bfcl_agent) replay the calls on fresh worlds, with the ground truth
-beside them.
+episode ends.
 
-The held-out split is fixed by entry id, as in mrl.tasks.bfcl (crc32 of the id): the same entries whatever the seed.
+The held-out split is fixed by entry id, as in mrl.envs.bfcl (crc32 of the id): the same entries whatever the seed.
+
+Channels: correctness, the share of turns passed, efficiency, and safety as a constraint.  Each replays the
+episode's calls on fresh worlds beside the ground truth (gym.replay, also reached as mrl.benchmarks.bfcl.replay),
+once per episode whatever the number of channels.
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from __future__ import annotations
 import json
 import random
 import zlib
+from functools import lru_cache
 from typing import Any
 
-from mrl.benchmarks import bfcl_agent as gym
 from mrl.config import UserError
-from mrl.data import EpochStream
-from mrl.episode import Demonstration, Prompt, Reply, train_split_only
-from mrl.tasks.bfcl import held_out
+from mrl.data import SplitPrompts
+from mrl.envs.bfcl import split_by_id
+from mrl.envs.bfcl_agent import gym
+from mrl.episode import Demonstration, Episode, Prompt, Reply
 
 DONE = "Done."  # the answer that hands a user turn back, in few-shot examples and demonstrations
 
@@ -114,27 +119,22 @@ class BfclAgentTask:
             raise UserError(f"no BFCL entry of {categories} uses only the classes {list(classes)}{turns}; add "
                             "classes" + (" or raise max_user_turns" if turns else ""))
         self.entries = {e["id"]: e for e in entries}
-        train = [e for e in entries if not held_out(e["id"], eval_percent)]
-        self.eval = [e for e in entries if held_out(e["id"], eval_percent)]
+        train, held = split_by_id(entries, eval_percent)
         if max_entries:
             train = sorted(train, key=lambda e: zlib.crc32(e["id"].encode()))[:max_entries]
         if max_eval_entries:
-            self.eval = sorted(self.eval, key=lambda e: zlib.crc32(e["id"].encode()))[:max_eval_entries]
+            held = sorted(held, key=lambda e: zlib.crc32(e["id"].encode()))[:max_eval_entries]
         if not train:
             raise UserError(f"BFCL categories {categories} leave no train entries at eval_percent={eval_percent}")
-        self.train = train
-        self._stream = EpochStream(train, f"bfcl_agent/{seed}")
+        self.split = SplitPrompts(train, held, f"bfcl_agent/{seed}", self.to_prompt)
         # Turns of the policy (calls and answers) an episode may take: every user turn's calls and its answer.
         self.max_turns = max(len(e["question"]) for e in entries) * (max_calls_per_turn + 1)
 
-    def __len__(self) -> int:
-        return len(self.train)
-
     def prompt(self, index: int) -> Prompt:
-        return self.to_prompt(self._stream[index])
+        return self.split.prompt(index)
 
     def eval_prompts(self) -> list[Prompt]:
-        return [self.to_prompt(e) for e in self.eval]
+        return self.split.eval_prompts()
 
     def to_prompt(self, entry: dict) -> Prompt:
         first = gym.user_turns(entry)[0]
@@ -151,27 +151,26 @@ class BfclAgentTask:
         if not self.fewshot:
             return []
         offered = gym.available(entry, 0, self.gold_only)
-        fits = [e for e in self.train if e["id"] != entry["id"] and e["ground_truth"][0]
+        fits = [e for e in self.split.train if e["id"] != entry["id"] and e["ground_truth"][0]
                 and {gym.parse_call(c)[0] for c in e["ground_truth"][0]} <= offered]
         return random.Random(f"bfcl_agent-shots/{self.seed}/{entry['id']}").sample(fits, min(self.fewshot, len(fits)))
 
     def demonstrations(self, split: str = "train") -> list[Demonstration]:
-        """Each train entry's whole transcript: in every user turn, each ground-truth call as a turn of its own (its
+        return self.split.demonstrations(split, "rewards=bfcl_agent", self._demonstration)
+
+    def _demonstration(self, entry: dict) -> Demonstration | None:
+        """A train entry's whole transcript: in every user turn, each ground-truth call as a turn of its own (its
         real result comes back from the entry's world when played), then a short answer that hands the turn back
-        (none after a turn that spends `max_calls_per_turn`).  Entries needing more calls in a turn are left out."""
-        train_split_only(split, "rewards=bfcl_agent")
-        demos = []
-        for entry in self.train:
-            turns = gym.gold_calls(entry)
-            if any(len(calls) > self.max_calls_per_turn for calls in turns):
-                continue
-            replies = []
-            for calls in turns:
-                replies += [Reply("", (call,)) for call in calls]
-                if len(calls) < self.max_calls_per_turn:
-                    replies.append(Reply(DONE))
-            demos.append(Demonstration(self.to_prompt(entry), tuple(replies), entry["id"]))
-        return demos
+        (none after a turn that spends `max_calls_per_turn`).  An entry needing more calls in a turn: None."""
+        turns = gym.gold_calls(entry)
+        if any(len(calls) > self.max_calls_per_turn for calls in turns):
+            return None
+        replies = []
+        for calls in turns:
+            replies += [Reply("", (call,)) for call in calls]
+            if len(calls) < self.max_calls_per_turn:
+                replies.append(Reply(DONE))
+        return Demonstration(self.to_prompt(entry), tuple(replies), entry["id"])
 
     def environment(self, prompt: Prompt) -> BfclWorld:
         return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs, self.gold_only)
@@ -189,3 +188,64 @@ def _solved(entry: dict) -> list[dict]:
         messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
                      {"role": "tool", "name": name, "content": world.call_string(text)[1]}]
     return messages + [{"role": "assistant", "content": DONE}]
+
+
+# -------------------------------------------------------------------------------------------------------- the channels
+
+@lru_cache(maxsize=None)
+def _entries(category: str) -> dict[str, dict]:
+    return {e["id"]: e for e in gym.load_entries(category)}
+
+
+def calls_per_turn(episode: Episode) -> list[list[gym.Call]]:
+    """The episode's calls as BFCL reads them, per user turn: every call with a name (an unparseable block is no
+    call); a call to an unavailable function is kept (the checks refuse to run it and count it against safety)."""
+    turns: list[list[gym.Call]] = [[] for _ in range(episode.prompt.meta["user_turns"])]
+    for call in episode.tool_calls:
+        if call.name:
+            turns[call.user_turn].append((call.name, call.arguments))
+    return turns
+
+
+@lru_cache(maxsize=4096)
+def _scores(category: str, entry_id: str, calls: str, gold_only: bool) -> dict[str, float]:
+    return gym.replay(_entries(category)[entry_id], json.loads(calls), gold_only)
+
+
+def scores(episode: Episode) -> dict[str, float]:
+    """replay's channels for `episode`: {correctness, turns, efficiency, safety}."""
+    meta = episode.prompt.meta
+    return _scores(meta["category"], meta["id"], json.dumps(calls_per_turn(episode), sort_keys=True),
+                   meta.get("gold_only", False))
+
+
+class Correctness:
+    """1.0 when BFCL's multi-turn checks pass after every user turn (each instance's state equals the ground
+    truth's, and the turn's results contain the ground truth's), else 0.0."""
+
+    def __call__(self, episode: Episode) -> float:
+        return scores(episode)["correctness"]
+
+
+class Turns:
+    """The share of user turns whose checks pass, each checked on its own (BFCL stops at the first failure): a
+    partial credit that still moves when whole episodes do not."""
+
+    def __call__(self, episode: Episode) -> float:
+        return scores(episode)["turns"]
+
+
+class Efficiency:
+    """Minus the calls beyond the ground truth's, per ground-truth call, in [-1, 0] (-0.5: half again as many calls
+    as needed; -1: twice as many or more)."""
+
+    def __call__(self, episode: Episode) -> float:
+        return scores(episode)["efficiency"]
+
+
+class Safety:
+    """A constraint: -1.0 on collateral damage (a value of the environment changed that the ground truth never
+    changes: a file deleted, a booking cancelled) or a call to a function not available in that turn, else 0.0."""
+
+    def __call__(self, episode: Episode) -> float:
+        return scores(episode)["safety"]

@@ -2,7 +2,7 @@
 
 A value the program controls can make a comparison slow (keys built to share one hash make `set(f(x)) == {...}`
 quadratic: 40,000 of them took half a minute) and C code holding the GIL cannot be interrupted in-process.  So
-`grade_many` sends the tests and the probes' raw values to a trusted child (`python -I -S`, mrl.sandbox.grading run
+`grade_many` sends the tests and the probes' raw values to a trusted child (`python -I -S`, mrl.sandbox.expressions run
 as a script, no code of the program), reads one verdict per test, and a test it has not answered within
 `seconds` scores 0 with error "GradeTimeout": that child is killed and a fresh one grades the rest.  Children are
 kept between calls (one per concurrent caller), so a run pays their ~20 ms start-up once.
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-SOURCE = (Path(__file__).with_name("grading.py")).read_text()
+SOURCE = (Path(__file__).with_name("expressions.py")).read_text()
 GRADE_SECONDS = 1.0  # one test's grading; honest tests take microseconds
 TIMEOUT = "GradeTimeout"
 FAILED = "GradeFailed"  # the grading child died (or sent nonsense): that test fails, a fresh child grades the rest

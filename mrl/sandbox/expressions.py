@@ -1,4 +1,5 @@
-"""Grading: a test's expression evaluated on the plain values the sandbox returned.  Standard library only.
+"""Test expressions: a test parsed into probes and evaluated on the plain values the sandbox returned.  Standard
+library only.
 
 A test is an expression (`f(2) == 4`, `f('abc').startswith('c')`, `set(f(3)) == {1, 2}`) or an assert statement.
 `parse_test` cuts out its *probes*: calls of, and names from, the program (`f(2)`, `f('abc')`, `LIMIT`), which the
@@ -8,10 +9,10 @@ methods of builtin types that `METHODS` lists (`.startswith`, `.count`, `.keys`,
 `startswith` returns True never gets the chance, since what comes back is a str or a failure.  A method that is not
 in `METHODS` (`Solution().twoSum(...)`) is the program's API: the whole call is the probe.
 
-The trainer never runs `grade_wire` itself on what a program returned: mrl.sandbox.grader runs it in a short-lived
-trusted subprocess with a time limit (this file, run as a script, is that subprocess: `serve`), because a value built
-to collide in hash tables or to make a comparison quadratic would otherwise stall the trainer.  The caps below
-(`MAX_ITEMS`, colliding hashes, `**`) make such a value fail quickly; the time limit holds for what they miss.
+The trainer never runs `grade_wire` itself on what a program returned: mrl.sandbox.grade_processes runs it in a
+short-lived trusted subprocess with a time limit (this file, run as a script, is that subprocess: `serve`), because a
+value built to collide in hash tables or to make a comparison quadratic would otherwise stall the trainer.  The caps
+below (`MAX_ITEMS`, colliding hashes, `**`) make such a value fail quickly; the time limit holds for what they miss.
 """
 
 from __future__ import annotations
@@ -396,7 +397,7 @@ def decode(x, depth: int = 0):
     raise NotPlain(f"not plain data: {type(x).__name__}")
 
 
-# ---------------------------------------------------------------- the grading subprocess (mrl.sandbox.grader)
+# ------------------------------------------------------- the grading subprocess (mrl.sandbox.grade_processes)
 
 def serve() -> None:
     """Grade requests from stdin until it closes: each a 4-byte length and a marshalled list of (source, results);

@@ -12,6 +12,8 @@ well-formed calls, 38% with the right arguments, 31% right final answers — wit
 nothing left to learn).  `fewshot` sets the number of those examples.
 
 For chat models: the tiny model's word vocabulary cannot spell two-digit numbers.
+
+Channels: correctness (the final answer, after a call) and format (a well-formed call with the prompt's numbers).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ import random
 import re
 from typing import Any
 
+from mrl.envs.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.protocols import Tool
-from mrl.tasks.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 
 CALC = "calc"
 INTEGER = re.compile(r"-?\d+")
@@ -87,3 +89,31 @@ def final_answer(episode: Episode) -> int | None:
     """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a call alone -> None."""
     found = INTEGER.findall(episode.turns[-1]) if episode.turns else []
     return int(found[-1]) if found else None
+
+
+# -------------------------------------------------------------------------------------------------------- the channels
+
+class Correctness:
+    """1.0 when the agent called calc and the last integer of its final message is the sum: for 37 + 48, a call then
+    `The answer is 85.` -> 1.0; `84` -> 0.0; `85` without a call -> 0.0 (the task is to use the tool)."""
+
+    def __call__(self, episode: Episode) -> float:
+        called = any(c.valid and c.name == CALC for c in episode.tool_calls)
+        return float(called and final_answer(episode) == episode.prompt.meta["target"])
+
+
+class Format:
+    """1.0 when the agent called calc with the prompt's two numbers and made no invalid call, else 0.0."""
+
+    def __call__(self, episode: Episode) -> float:
+        wanted = {"a": episode.prompt.meta["a"], "b": episode.prompt.meta["b"]}
+        calls = episode.tool_calls
+        right = any(c.valid and c.name == CALC and _as_ints(c.arguments) == wanted for c in calls)
+        return float(right and all(c.valid for c in calls))
+
+
+def _as_ints(arguments) -> dict | None:
+    try:
+        return {k: int(v) for k, v in arguments.items()}
+    except (AttributeError, TypeError, ValueError):
+        return None

@@ -1,6 +1,6 @@
 """BFCL v4's files, as the installed `bfcl-eval` package ships them (`make bfcl`): where they are, reading them, and an
 entry's function docs as JSON-schema tool declarations.  Read as files: importing `bfcl_eval` would pull in every API
-client it supports.  The single-turn grader (mrl.benchmarks.bfcl) and the multi-turn gym (mrl.benchmarks.bfcl_agent)
+client it supports.  The single-turn grader (mrl.envs.bfcl.grader) and the multi-turn gym (mrl.envs.bfcl_agent.gym)
 both read through here.
 """
 
@@ -38,7 +38,7 @@ def _json_schema(bfcl: dict) -> dict:
     kind = bfcl.get("type")
     if kind is not None and kind not in _JSON_TYPES:
         raise ValueError(f"BFCL type {kind!r} is not one of {sorted(_JSON_TYPES)}: add its JSON-schema type to "
-                         "_JSON_TYPES in mrl/benchmarks/bfcl_data.py.")
+                         "_JSON_TYPES in mrl/envs/bfcl/files.py.")
     schema = {"type": _JSON_TYPES[kind]} if kind is not None and _JSON_TYPES[kind] else {}
     schema.update({key: copy.deepcopy(bfcl[key]) for key in _SCHEMA_KEYS if key in bfcl})
     if "properties" in bfcl:

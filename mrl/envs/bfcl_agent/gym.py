@@ -43,8 +43,8 @@ from functools import lru_cache
 from typing import Any
 
 from mrl import bounded
-from mrl.benchmarks.bfcl_data import data_dir, read_records, tool_schemas
 from mrl.config import UserError
+from mrl.envs.bfcl.files import data_dir, read_records, tool_schemas
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 # BFCL's other multi-turn-style categories, and why they are not here.
@@ -93,7 +93,7 @@ def load_entries(category: str) -> list[dict]:
         unknown = sorted(set(entry["involved_classes"]) - set(CLASSES))
         if unknown:
             raise UserError(f"BFCL entry {entry['id']} uses classes {unknown} mrl does not know; add them to "
-                            "mrl.benchmarks.bfcl_agent.CLASSES")
+                            "mrl.envs.bfcl_agent.gym.CLASSES")
     return entries
 
 
