@@ -265,7 +265,7 @@ def run_config(run_dir: Path, trust_config: bool = False):
     if not saved.is_file():
         raise UserError(f"{run_dir}: not a run dir (no .hydra/config.yaml); give the dir `mrl train` wrote")
     try:
-        loaded = OmegaConf.load(saved)
+        loaded = OmegaConf.create(with_moved_targets(OmegaConf.to_container(OmegaConf.load(saved), resolve=False)))
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), loaded)
     except (yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError, UnicodeDecodeError) as err:
         reason = " ".join(str(err).split())[:160]
@@ -277,6 +277,31 @@ def run_config(run_dir: Path, trust_config: bool = False):
             raise UserError(f"{saved} {problem}: building the run's task and rewards would run code it chose; pass "
                             "--trust-config if you trust where this run dir came from")
     return cfg
+
+
+# Where environments' tasks and channels lived before each got one home in mrl/envs/ (2026-12-03): runs saved
+# then name them so, e.g. mrl.tasks.bfcl.BfclTask, mrl.rewards.bfcl.Format, mrl.benchmarks.humaneval.HumanEvalTask.
+OLD_HOMES = ("mrl.tasks.", "mrl.rewards.", "mrl.benchmarks.")
+
+
+def with_moved_targets(node: Any) -> Any:
+    """A config container with every `_target_` that names an environment's old home (OLD_HOMES) renamed to its
+    home in mrl/envs/, where that is one of mrl's own tasks and channels (`allowed_targets`); others unchanged.
+
+    >>> with_moved_targets({"task": {"_target_": "mrl.tasks.bfcl.BfclTask", "seed": 0}})
+    {'task': {'_target_': 'mrl.envs.bfcl.BfclTask', 'seed': 0}}
+    """
+    if isinstance(node, list):
+        return [with_moved_targets(value) for value in node]
+    if not isinstance(node, dict):
+        return node
+    renamed = {key: with_moved_targets(value) for key, value in node.items()}
+    target = renamed.get("_target_")
+    for home in OLD_HOMES:
+        if isinstance(target, str) and target.startswith(home) \
+                and f"mrl.envs.{target[len(home):]}" in allowed_targets():
+            renamed["_target_"] = f"mrl.envs.{target[len(home):]}"
+    return renamed
 
 
 @lru_cache(maxsize=1)

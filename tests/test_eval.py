@@ -20,7 +20,17 @@ from matplotlib.figure import Figure
 
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt, ToolCall
-from mrl.evaluate import HeldOut, eval_metrics, nonempty_held_out, pass_at_k, pass_ks, prompt_records, summarize
+from mrl.evaluate import (
+    HeldOut,
+    eval_metrics,
+    nonempty_held_out,
+    pass_at_k,
+    pass_ks,
+    prompt_records,
+    run_config,
+    summarize,
+    with_moved_targets,
+)
 from mrl.loop import train
 from mrl.models import resolve_model_path
 from mrl.report import make_report
@@ -100,6 +110,27 @@ def test_eval_of_a_run_with_overrides_of_its_config(trained_run, tmp_path):
     line = one_line_error(mrl("eval", str(trained_run), "rewards=tool_call", "--out", str(tmp_path / "o2"),
                               cwd=tmp_path))
     assert "rewards=tool_call: a run's config takes key=value overrides" in line and not (tmp_path / "o2").exists()
+
+
+def test_a_run_saved_before_environments_moved_to_mrl_envs_is_read_with_their_homes_today(trained_run, tmp_path):
+    """A config.yaml naming mrl.tasks.<env> and mrl.rewards.<env> (runs saved before 2026-12-03) is read with
+    mrl.envs.<env>'s names: its task and channels build, the allow-list accepts it, and `mrl eval` scores it."""
+    run = tmp_path / "old"
+    shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval.json"))
+    saved = run / ".hydra" / "config.yaml"
+    text = saved.read_text()
+    old = text.replace("mrl.envs.agent_triple.AgentTriple", "mrl.tasks.agent_triple.AgentTriple") \
+        .replace("mrl.envs.agent_triple.", "mrl.rewards.agent_triple.")
+    assert old.count("mrl.rewards.agent_triple.") == 3 and "mrl.envs" not in old
+    saved.write_text(old)
+    cfg = run_config(run)
+    assert cfg.rewards.task._target_ == "mrl.envs.agent_triple.AgentTriple"
+    assert {c.fn._target_ for c in cfg.rewards.channels.values()} == \
+        {f"mrl.envs.agent_triple.{name}" for name in ("Correctness", "Efficiency", "Safety")}
+    assert with_moved_targets({"_target_": "mrl.rewards.channels.OverlongPenalty"}) == \
+        {"_target_": "mrl.rewards.channels.OverlongPenalty"}  # not an environment's: unchanged
+    result = mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
 
 
 def test_eval_of_a_dir_that_is_not_a_run(tmp_path):
