@@ -102,10 +102,10 @@ class Enforce(str, Enum):
 
 @dataclass
 class AlgoConfig:
-    """One trainer: an estimator from the registry in mrl/algos.py plus switches that combine with any estimator."""
+    """One trainer: an estimator of the registry in mrl/advantages.py plus switches that combine with any of them."""
 
     name: str = MISSING
-    advantage: str = "grpo"  # an estimator of mrl.algos.ESTIMATORS
+    advantage: str = "grpo"  # an estimator of mrl.advantages.ESTIMATORS
     # Per-channel weights overriding rewards.channels.<name>.weight; keys must be the channel names.
     # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
     weights: Any = None

@@ -42,8 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from mrl import distributed as dist
-from mrl.advantages import advantage_shares, distinct_per_group, first_live
-from mrl.algos import ESTIMATORS, Estimator
+from mrl.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per_group, first_live
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.engine import Trainable, pick_device
 from mrl.episode import agent_metrics, sample_records

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ALGOS
 
-from mrl.algos import ESTIMATORS
+from mrl.advantages import ESTIMATORS
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
 from mrl.loop import build_models
@@ -222,18 +222,17 @@ def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
 def test_an_estimator_and_an_aggregation_are_one_registry_entry_each(monkeypatch, make_cfg, tmp_path):
     """A new estimator or aggregation is one entry (algo.advantage, algo.loss_agg name it; nothing else to edit):
     registered here at run time, they drive a step, value for value."""
-    from mrl.advantages import grpo_contributions, grpo_signal
-    from mrl.algos import Estimator
+    from mrl.advantages import estimator, grpo_contributions, grpo_signal
     from mrl.loop import train
     from mrl.losses import AGGREGATIONS, Aggregation, token_mean
 
+    monkeypatch.setitem(ESTIMATORS, "half_grpo", None)  # the entry below replaces it; removed after the test
+
+    @estimator("half_grpo", signal=grpo_signal, contributions=grpo_contributions)
     def half_grpo(rewards, weights, mask, values, kl_penalty, cfg):
         advantages, returns = ESTIMATORS["grpo"].token_advantages(rewards, weights, mask, values, kl_penalty, cfg)
         return advantages / 2, returns
 
-    monkeypatch.setitem(ESTIMATORS, "half_grpo", Estimator(half_grpo, grpo_contributions, group_relative=True,
-                                                           needs_critic=False, reward_kl=False,
-                                                           group_signal=grpo_signal))
     monkeypatch.setitem(AGGREGATIONS, "tokens_again", Aggregation(token_mean, per_token=True))
     monkeypatch.setitem(AGGREGATIONS, "tokens_per_sequence", Aggregation(token_mean, per_token=False))
 

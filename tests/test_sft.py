@@ -265,7 +265,7 @@ def test_a_resumed_sft_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_init_from_loads_exactly_the_checkpoints_weights(tmp_path):
-    from mrl.algos import ESTIMATORS
+    from mrl.advantages import ESTIMATORS
     from mrl.loop import build_models
     from mrl.restore import merged_policy
 
