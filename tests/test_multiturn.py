@@ -14,8 +14,9 @@ from mrl.losses import aggregate, clipped_surrogate
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.protocols import Tool, WordsProtocol
 from mrl.rewards.agent_triple import Correctness, Efficiency, Safety
-from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, policy_forward, position_ids
+from mrl.rollout import Rollouts, Sampling, end_token_ids, generate, position_ids
 from mrl.tasks.agent_triple import AgentTriple, read_answer
+from mrl.update import policy_forward
 
 CPU = torch.device("cpu")
 PAD, EOS = 0, 1
