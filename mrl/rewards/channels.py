@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from mrl.advantages import Estimator, dual_step, live_groups, mean_cost
-from mrl.config import Bound, UserError
+from mrl.config import Bound, ChannelConfig, UserError, schema_bounds
 from mrl.episode import Episode
 from mrl.shaping import condition, drop, veto, violations
 
@@ -271,7 +271,7 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
     return RewardSet(specs)
 
 
-CHANNEL_BOUNDS = [Bound("weight"), Bound("threshold"), Bound("gated_value"), Bound("violation_below")]
+CHANNEL_BOUNDS = schema_bounds("", ChannelConfig)  # weight, violation_below, threshold, gated_value: finite
 
 
 def check(cfg) -> None:
