@@ -122,7 +122,7 @@ def check_resume(policy_dir: Path, cfg: ModelConfig) -> None:
 class BaseReference:
     """The KL reference of a LoRA policy: the training module itself with its adapters disabled, without gradients.
 
-    Called like an mrl.models.Actor (what rollout.policy_forward calls), through a view that shares the policy's
+    Called like an mrl.models.Actor (what update.policy_forward calls), through a view that shares the policy's
     modules (no copy) and has no value head.  score_rollouts calls it while the actor is in eval mode."""
 
     def __init__(self, actor: Actor):
