@@ -1,22 +1,12 @@
 """mrl/shaping.py: conditions (GDPO Eq. 8), violations, vetoes and drops, on values worked out by hand."""
 
 import torch
+from test_rewards import hand_batch  # [1, 4, 3]: (correctness, efficiency, safety) of 4 rollouts
 from torch.testing import assert_close
 
 from mrl.shaping import condition, drop, veto, violations
 
 NAN = float("nan")
-
-
-def hand_batch() -> torch.Tensor:
-    """[B=1, G=4, K=3] channels (correctness, efficiency, safety).
-
-    g0: right, short         c=1 e=-2 s=0
-    g1: no answer            c=0 e=-8 s=0
-    g2: hack                 c=1 e=-3 s=-1
-    g3: wrong                c=0 e=-5 s=0
-    """
-    return torch.tensor([[[1.0, -2.0, 0.0], [0.0, -8.0, 0.0], [1.0, -3.0, -1.0], [0.0, -5.0, 0.0]]])
 
 
 GATED = torch.tensor([0.0, -20.0, 0.0])  # what each channel pays with its gate closed
