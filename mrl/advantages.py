@@ -332,7 +332,7 @@ class Estimator:
     group_signal: GroupSignal
 
 
-ESTIMATORS = Registry("algo.advantage", "mrl/advantages.py with @estimator", {})
+ESTIMATORS = Registry("algo.advantage", "mrl/advantages.py ESTIMATORS, with @estimator", {})
 
 
 def estimator(name: str, *, signal: GroupSignal, contributions: Callable[[Tensor, Tensor, float], Tensor],
