@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
-# DeepSpeed's compiled ops: cached per Python environment by mrl.engine.torch_extensions_dir (unless set here)
+# DeepSpeed's compiled ops: cached per Python environment by mrl.trainable.torch_extensions_dir (unless set here)
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu

@@ -8,7 +8,7 @@ How each departs from PPO (Schulman et al., 2017, GAE: Schulman et al., 2016):
 - GDPO (Liu et al., 2026, arXiv 2601.05242): normalizes every channel within its group *before* the weighted sum,
   then normalizes the sum over the whole batch, so a loud channel cannot swallow a quiet one and distinct reward
   combinations keep distinct advantages.
-  Eq. 8 conditioned rewards are applied before (mrl/rewards/channels.py: `RewardSet.shape`).
+  Eq. 8 conditioned rewards are applied before (mrl/shaping.py: `condition`).
 - DAPO (Yu et al., 2025) keeps GRPO's estimator; its changes (dynamic sampling of live groups, clip-higher,
   token-mean loss, overlong shaping) live in the rollout stage and the loss, not here.
 
@@ -19,16 +19,22 @@ in its group (the paper's scalarized advantages: lambda stays the price of a vio
 under GRPO and PPO the rewards are summed first, r = sum_j w_j r_j - lambda cost (the paper's scalarized rewards,
 whose group normalization reweights the terms by their within-group std).
 
+The estimators a run can choose (`algo.advantage`) are registered at the end, each where it is defined: one function
+decorated with `@estimator(name, ...)`, the one place where the trainers differ.
+
 Abstentions: a channel may return None for a rollout (NaN here).  GDPO leaves it out of that channel's group mean
 and std and gives it 0 on that channel; GRPO and PPO count it 0 in the weighted sum (TRL's nansum).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
+
+from mrl.config import Registry
 
 
 def check_finite(rewards: Tensor, channel_names: list[str] | None = None) -> None:
@@ -286,3 +292,87 @@ def distinct_per_group(advantages: Tensor, decimals: int = 4) -> float:
     """Mean number of distinct advantage values within a group (rounded to 1e-4).  advantages: [B, G]."""
     rounded = torch.round(advantages * 10**decimals)
     return sum(len(torch.unique(group)) for group in rounded) / max(advantages.shape[0], 1)
+
+
+# The registry of advantage estimators: the one place where the trainers differ in how they turn rewards into
+# advantages.  Everything else that distinguishes the presets in conf/algo/ (dynamic sampling, clip-higher, loss
+# aggregation, overlong shaping, KL, conditions and constraints) is a config switch that combines with any estimator,
+# so the training loop never asks which algorithm it runs.  An estimator is one function, registered where it is
+# defined: (rewards [B, G, K] NaN = abstained, weights [K], completion mask [N, T], values [N, T] or None, per-token
+# KL penalty [N, T] (already times kl_coef, >= 0) or None, settings) -> (advantages [N, T], returns [N, T] or None).
+
+
+class Settings(Protocol):
+    """The algo.* values the estimators read (the algo config, or any object with these attributes)."""
+
+    adv_eps: float
+    gdpo_batch_norm: bool
+    gamma: float
+    lam: float
+    whiten_advantages: bool
+
+
+TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", "Tensor | None", Settings],
+                            "tuple[Tensor, Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    token_advantages: TokenAdvantageFn
+    # (rewards [B, G, K], weights [K], eps) -> [B, G, K]: per-channel parts of the advantage, for adv/share/<channel>
+    contributions: Callable[[Tensor, Tensor, float], Tensor]
+    group_relative: bool  # advantages come from the group of G rollouts: G must be >= 2
+    needs_critic: bool  # a value function is trained alongside the policy
+    # Takes a per-token KL penalty in the reward (algo.kl_mode=reward).  A group-relative estimator does not: each
+    # rollout's penalty would be normalized within its group, so kl_coef would cancel under GDPO (TRL's `beta` and
+    # the GDPO reference code put KL in the loss instead).
+    reward_kl: bool
+    # ([B, G, K], [K]) -> [B, G]: the advantage a group gets before batch normalization, 0 where it gives none
+    # (`live_groups`: DAPO's dynamic sampling, groups/dead_frac*)
+    group_signal: GroupSignal
+
+
+ESTIMATORS = Registry("algo.advantage", "mrl/advantages.py ESTIMATORS, with @estimator", {})
+
+
+def estimator(name: str, *, signal: GroupSignal, contributions: Callable[[Tensor, Tensor, float], Tensor],
+              group_relative: bool = True, needs_critic: bool = False,
+              reward_kl: bool = False) -> Callable[[TokenAdvantageFn], TokenAdvantageFn]:
+    """Register the decorated function as the estimator `algo.advantage=name` (the fields: `Estimator`)."""
+    def register(fn: TokenAdvantageFn) -> TokenAdvantageFn:
+        ESTIMATORS[name] = Estimator(fn, contributions, group_relative, needs_critic, reward_kl, signal)
+        return fn
+    return register
+
+
+def broadcast(sequence_advantages: Tensor, mask: Tensor) -> Tensor:
+    """[B, G] sequence advantages -> [N, T]: every generated token of a rollout shares its rollout's advantage."""
+    return sequence_advantages.reshape(-1, 1).to(mask.dtype) * mask
+
+
+@estimator("grpo", signal=grpo_signal, contributions=grpo_contributions)
+def grpo(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+         settings: Settings) -> tuple[Tensor, None]:
+    """GRPO: `grpo_advantages` (sum, then normalize in the group), one per rollout, on each of its tokens."""
+    return broadcast(grpo_advantages(rewards, weights, settings.adv_eps), mask), None
+
+
+@estimator("gdpo", signal=gdpo_signal, contributions=gdpo_contributions)
+def gdpo(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+         settings: Settings) -> tuple[Tensor, None]:
+    """GDPO: `gdpo_advantages` (normalize each channel in the group, sum, normalize over the batch), one per rollout,
+    on each of its tokens."""
+    return broadcast(gdpo_advantages(rewards, weights, settings.adv_eps, settings.gdpo_batch_norm), mask), None
+
+
+@estimator("gae", signal=grpo_signal, contributions=lambda r, w, eps: batch_contributions(r, w),
+           group_relative=False, needs_critic=True, reward_kl=True)
+def gae(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+        settings: Settings) -> tuple[Tensor, Tensor]:
+    """PPO: the weighted channel sum is the reward of the last generated token, minus the KL penalty on every
+    generated token (the standard per-token RLHF reward); GAE over the critic's values."""
+    token_rewards = gae_token_rewards(rewards, weights, mask, kl_penalty).to(values.dtype)  # [N, T]
+    advantages, returns = gae_advantages(token_rewards, values, mask, settings.gamma, settings.lam)
+    if settings.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns

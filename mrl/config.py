@@ -7,7 +7,7 @@ wrong type fails when the config is composed, with the key named, not 200 steps 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +16,21 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, OmegaConf
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def bounded(default: Any, low: float | None = None, high: float | None = None, *, strict: bool = False,
+            below_high: bool = False, fix: str = "") -> Any:
+    """A schema field's default and its bound, side by side (`Bound`'s arguments): mrl.validation checks every
+    bounded field of the schemas (`schema_bounds`) before a run starts."""
+    return field(default=default, metadata={"bound": dict(low=low, high=high, strict=strict, below_high=below_high,
+                                                          fix=fix)})
+
+
+def schema_bounds(prefix: str, schema: type) -> list[Bound]:
+    """The `Bound` of every bounded field of `schema` (a dataclass), keyed `<prefix>.<field>` (`<field>` without a
+    prefix), in field order."""
+    return [Bound(f"{prefix}.{f.name}" if prefix else f.name, **f.metadata["bound"])
+            for f in fields(schema) if "bound" in f.metadata]
 
 
 class UserError(ValueError):
@@ -102,39 +117,43 @@ class Enforce(str, Enum):
 
 @dataclass
 class AlgoConfig:
-    """One trainer: an estimator from the registry in mrl/algos.py plus switches that combine with any estimator."""
+    """One trainer: an estimator of the registry in mrl/advantages.py plus switches that combine with any of them."""
 
     name: str = MISSING
-    advantage: str = "grpo"  # an estimator of mrl.algos.ESTIMATORS
+    advantage: str = "grpo"  # an estimator of mrl.advantages.ESTIMATORS
     # Per-channel weights overriding rewards.channels.<name>.weight; keys must be the channel names.
     # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
     weights: Any = None
     gdpo_batch_norm: bool = True
-    adv_eps: float = 1e-6
-    epochs: int = 1  # passes over each batch (PPO epochs / GRPO mu)
-    clip_low: float = 0.2
-    clip_high: float = 0.2  # > clip_low is DAPO's clip-higher
+    adv_eps: float = bounded(1e-6, 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)")
+    epochs: int = bounded(1, 1, fix="passes over each batch")  # PPO epochs / GRPO mu
+    clip_low: float = bounded(0.2, 0, 1, below_high=True,
+                              fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; PPO uses 0.2")
+    # > clip_low is DAPO's clip-higher
+    clip_high: float = bounded(0.2, 0, fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; DAPO's "
+                                           "clip-higher uses 0.28")
     loss_agg: str = "seq_mean"  # an aggregation of mrl.losses.AGGREGATIONS
-    kl_coef: float = 0.0  # 0 = no reference model is loaded
+    kl_coef: float = bounded(0.0, 0, fix="0 turns the KL term off (no reference model is loaded)")
     kl_mode: KLMode = KLMode.loss
-    entropy_coef: float = 0.0
+    entropy_coef: float = bounded(0.0)
     # DAPO dynamic sampling: drop dead groups, draw more prompts until the batch is full or the cap is hit.
     dynamic_sampling: bool = False
-    max_gen_batches: int = 4
+    max_gen_batches: int = bounded(4, 1, fix="generation rounds per step with dynamic sampling")
     # DAPO overlong shaping: a penalty rising linearly over the last `overlong_buffer` tokens before
     # max_new_tokens, logged as its own channel `overlong` (in [-1, 0]) whose weight is `overlong_penalty`.
     # 0 turns it off.
-    overlong_buffer: int = 0
-    overlong_penalty: float = 1.0
+    overlong_buffer: int = bounded(0, 0, fix="0 turns overlong shaping off")
+    overlong_penalty: float = bounded(1.0, 0, fix="the overlong channel's weight")
     # PPO: critic, GAE, value loss.
     critic: Optional[Critic] = None
     # The value model's, or the value head's, learning rate; by default the model preset's (a pretrained backbone
     # wants ~1e-5, the built-in tiny model its tuned 1e-3).
     critic_lr: float = II("model.critic_lr")
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_clip: float = 0.2
-    vf_coef: float = 0.5  # weight of the value loss when the critic is a head sharing the policy's optimizer
+    gamma: float = bounded(1.0, 0, 1)
+    lam: float = bounded(0.95, 0, 1)
+    value_clip: float = bounded(0.2, 0)
+    # weight of the value loss when the critic is a head sharing the policy's optimizer
+    vf_coef: float = bounded(0.5, 0)
     whiten_advantages: bool = True  # PPO: normalize GAE advantages over the batch's generated tokens
     # Channels a preset shapes by name in rewards.channels (gdpo_conditioned: efficiency, safety).  The shaping
     # applies where the rewards have the channel; where they do not, the entry the preset wrote (it has no `fn`) is
@@ -147,12 +166,12 @@ class ChannelConfig:
     """A reward channel: a callable built from `fn` (a `_target_` node) plus how it enters the advantage."""
 
     fn: Any = MISSING
-    weight: float = 1.0
+    weight: float = bounded(1.0)
     # A constraint with `enforce` set is enforced (veto or drop) instead of weighted; a value below
     # `violation_below` is a violation.
     kind: ChannelKind = ChannelKind.reward
     enforce: Optional[Enforce] = None
-    violation_below: float = 0.0
+    violation_below: float = bounded(0.0)
     # enforce: budget (docs/constraints.md).  The channel's cost is minus its value (safety's -1 per violation is an
     # indicator cost: its mean is the violation rate); `budget` is the allowed expected cost per episode.  Each step
     # lambda <- min(lambda_max, max(0, lambda + lambda_lr * (mean cost - budget))), and lambda replaces `weight`.
@@ -168,8 +187,8 @@ class ChannelConfig:
     # Conditioned reward (GDPO Eq. 8): pay this channel only where channel `condition_on` >= `threshold`, and
     # `gated_value` elsewhere (also what a vetoed rollout gets on this channel).
     condition_on: Optional[str] = None
-    threshold: float = 1.0
-    gated_value: float = 0.0
+    threshold: float = bounded(1.0)
+    gated_value: float = bounded(0.0)
 
 
 @dataclass
@@ -208,9 +227,9 @@ class TinyModelSpec:
 class LoraSettings:
     """LoRA through peft (mrl/lora.py): the policy trains rank-`r` adapters on frozen base weights."""
 
-    r: int = 0  # 0: off (full fine-tuning)
-    alpha: float = 32.0  # the adapters' output is scaled by alpha / r
-    dropout: float = 0.0
+    r: int = bounded(0, 0, fix="the adapters' rank; 0 turns LoRA off, 16 is usual")  # 0: off (full fine-tuning)
+    alpha: float = bounded(32.0, 0, strict=True, fix="the adapters' output is scaled by alpha / r; 2 * r is usual")
+    dropout: float = bounded(0.0, 0, 1, below_high=True, fix="dropout on the adapters' input; 0 turns it off")
     # Which modules get adapters: peft's "all-linear" (every linear layer of attention and MLP; the LM head and
     # embeddings excluded), or a list of module names such as [q_proj, v_proj].
     target_modules: Any = "all-linear"
@@ -240,11 +259,11 @@ class ModelConfig:
 @dataclass
 class DeepSpeedConfig:
     enabled: bool = False
-    stage: int = 0
+    stage: int = bounded(0, 0, 3, fix="the ZeRO stage; pick a preset: deepspeed=none|zero1|zero2|zero3")
     # Read from model.dtype, not set here: bfloat16 (float16) on a GPU turns on DeepSpeed's bf16 (fp16) mode, which
     # keeps float32 masters and optimizer states in the ZeRO optimizer (mrl/precision.py).
     model_dtype: str = "${model.dtype}"
-    gradient_clipping: float = 1.0
+    gradient_clipping: float = bounded(1.0, 0)
     offload_optimizer: bool = False
     offload_param: bool = False
 
@@ -257,28 +276,32 @@ class LoggerConfig:
     mode: str = "offline"  # offline | online | disabled
     name: Optional[str] = None
     tags: list[str] = field(default_factory=list)
-    log_every: int = 10  # plain-line progress every N steps when stdout is not a terminal
-    samples_every: int = 25  # every N steps, a few transcripts to samples.jsonl (and a W&B table); 0: never
+    log_every: int = bounded(10, 1)  # plain-line progress every N steps when stdout is not a terminal
+    # every N steps, a few transcripts to samples.jsonl (and a W&B table); 0: never
+    samples_every: int = bounded(25, 0, fix="0 writes no transcripts")
 
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 300
-    seed: int = 0
-    prompts_per_step: int = 8
-    group_size: int = 8
-    max_new_tokens: int = 10
-    max_tool_tokens: int = 256  # most tokens one tool result adds (its chat-template wrapping included); cut beyond
+    max_steps: int = bounded(300, 1, fix="a positive number of steps")
+    seed: int = bounded(0, 0, 2**32 - 1, fix="NumPy takes 32-bit unsigned seeds")
+    prompts_per_step: int = bounded(8, 1)
+    group_size: int = bounded(8, 1)
+    max_new_tokens: int = bounded(10, 1)
+    # most tokens one tool result adds (its chat-template wrapping included); cut beyond
+    max_tool_tokens: int = bounded(256, 1, fix="the most tokens one tool result adds (256 by default)")
     # Sampling: exactly these, whatever the model's generation_config.json says (repetition_penalty etc. never apply).
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 32
-    num_mini_batches: int = 1  # optimizer steps per epoch
-    save_every: int = 50
+    temperature: float = bounded(1.0, 0, strict=True, fix="rollouts are sampled from softmax(logits / temperature); "
+                                                          "1.0 samples the model's own distribution")
+    top_p: float = bounded(1.0, 0, 1, strict=True, fix="1.0 turns nucleus sampling off")
+    top_k: int = bounded(0, 0, fix="0 turns top-k sampling off")
+    lr: float = bounded(3e-4, 0, strict=True, fix="AdamW's learning rate: 3e-4 suits the built-in tiny model, about "
+                                                  "1e-6 a pretrained one")
+    weight_decay: float = bounded(0.0, 0, fix="0 turns it off")
+    grad_clip: float = bounded(1.0, 0, strict=True, fix="the gradient norm is clipped to it (1.0 by default)")
+    micro_batch_size: int = bounded(32, 1)
+    num_mini_batches: int = bounded(1, 1, fix="optimizer steps per epoch over the batch")
+    save_every: int = bounded(50, 1, fix="a checkpoint every N steps (and at the end)")
     # false; true = the latest checkpoint in this run dir; or a path to a checkpoint or a run dir.
     resume: Any = False
     device: str = "auto"  # auto = cuda if present, else cpu
@@ -286,13 +309,15 @@ class TrainerConfig:
     # at the last step, `eval_prompts` held-out prompts are scored greedy (eval/<channel>/mean, eval/accuracy) and,
     # with `eval_samples` > 0, sampled that many times each (eval/pass@k for k = 1, 2, 4, ... <= eval_samples).
     # eval_every 0: off.
-    eval_every: int = 0
-    eval_prompts: int = 32
-    eval_samples: int = 0
+    eval_every: int = bounded(0, 0, fix="a held-out evaluation every N steps (and at step 0 and the end); 0 turns "
+                                        "it off")
+    eval_prompts: int = bounded(32, 1, fix="held-out prompts scored at each evaluation (32 by default)")
+    eval_samples: int = bounded(0, 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only")
     # The held-out evaluation generates in chunks of at most this many rows x (prompt + max_new_tokens) tokens,
     # prompts of like length together (mrl.evaluate.in_chunks): its KV cache stays within about this many tokens'
     # worth (SmolLM2-135M: 46 KB a token, 0.75 GB at 16384) whatever trainer.eval_prompts is.
-    eval_batch_tokens: int = 16384
+    eval_batch_tokens: int = bounded(16384, 1, fix="rows x (prompt + max_new_tokens) tokens a held-out generate call "
+                                                   "may hold (16384 by default): it bounds the evaluation's KV cache")
     # A warm start: an `mrl sft` (or `mrl train`) run dir, or one of its checkpoints; its newest intact checkpoint's
     # policy is this run's starting point and KL reference (LoRA adapters merged into the base), its lineage
     # recorded in lineage.json (mrl/warm_start.py).  null: model.name_or_path.
@@ -303,16 +328,25 @@ class TrainerConfig:
 class SftConfig:
     """`mrl sft`: supervised fine-tuning on a task's demonstrations (mrl/sft.py)."""
 
-    lr: float = 2e-5
-    epochs: float = 1.0  # passes over the demonstrations (fractions allowed), unless `steps` is set
-    steps: int = 0  # optimizer steps (0: from `epochs`)
-    batch_size: int = 4  # demonstrations per optimizer step (over all ranks)
-    micro_batch_size: int = 4  # demonstrations per forward/backward (gradient accumulation up to batch_size)
-    warmup_steps: int = 0  # the learning rate rises linearly from 0 over these steps, then stays at `lr`
-    max_seq_len: int = 1024  # a longer demonstration is cut to it, with one warning naming the records cut
-    max_records: int = 512  # demonstrations drawn from a generator task (agent_triple, tool_call, calc_agent)
-    eval_every: int = 0  # a held-out evaluation every N steps (and at step 0 and the end; 0: only those two)
-    save_every: int = 1000  # a checkpoint every N steps, and after the last
+    lr: float = bounded(2e-5, 0, strict=True, fix="AdamW's learning rate for SFT: 2e-5 suits SmolLM2-135M")
+    # passes over the demonstrations (fractions allowed), unless `steps` is set
+    epochs: float = bounded(1.0, 0, strict=True, fix="passes over the demonstrations (1.0: one)")
+    # optimizer steps (0: from `epochs`)
+    steps: int = bounded(0, 0, fix="optimizer steps; 0 takes them from sft.epochs")
+    # demonstrations per optimizer step (over all ranks)
+    batch_size: int = bounded(4, 1, fix="demonstrations per optimizer step")
+    # demonstrations per forward/backward (gradient accumulation up to batch_size)
+    micro_batch_size: int = bounded(4, 1, fix="demonstrations per forward and backward")
+    # the learning rate rises linearly from 0 over these steps, then stays at `lr`
+    warmup_steps: int = bounded(0, 0, fix="0 starts at sft.lr")
+    # a longer demonstration is cut to it, with one warning naming the records cut
+    max_seq_len: int = bounded(1024, 8, fix="the most tokens of one demonstration, prompt included (1024 by default)")
+    # demonstrations drawn from a generator task (agent_triple, tool_call, calc_agent)
+    max_records: int = bounded(512, 1, fix="demonstrations drawn from a generator task")
+    # a held-out evaluation every N steps (and at step 0 and the end; 0: only those two)
+    eval_every: int = bounded(0, 0, fix="a held-out evaluation every N SFT steps; 0: at the start and the end only")
+    # a checkpoint every N steps, and after the last
+    save_every: int = bounded(1000, 1, fix="a checkpoint every N SFT steps (and after the last)")
 
 
 @dataclass
@@ -329,7 +363,8 @@ class DataConfig:
     """Prompts from a local dataset instead of the task's built-in generator (see mrl/data.py for the schema)."""
 
     path: Optional[str] = None  # a .jsonl or .parquet file, or a `datasets` save_to_disk dir (`dir::split`)
-    eval_fraction: float = 0.1  # held out, by trainer.seed, for `mrl eval`
+    # held out, by trainer.seed, for `mrl eval`
+    eval_fraction: float = bounded(0.1, 0, 1, below_high=True, fix="0 holds nothing out; 0.1 holds out 10%")
     text_field: str = "prompt"
 
 

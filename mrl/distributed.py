@@ -329,6 +329,11 @@ def local_rows(x, like):
 
 # ---- rank 0's sinks --------------------------------------------------------------------------------------------
 
+def warn(message: str) -> None:
+    """Print `mrl: warning: <message>` (one line) on this rank: what the user should know, not worth stopping for."""
+    print(f"mrl: warning: {message}", file=sys.stderr, flush=True)
+
+
 def exit_with_error(message: str, code: int = 2, every_rank: bool = False) -> NoReturn:
     """Print `mrl: error: <message>` (one line) and exit with `code`.  Under a launcher only rank 0 prints an error
     that every rank meets alike (a config error, an agreed stop); `every_rank` for one that a rank may meet alone (a

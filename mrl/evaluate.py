@@ -26,8 +26,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
+from mrl.collect import Scored
 from mrl.config import CONF_DIR, TrainConfig, UserError
-from mrl.engine import pick_device
 from mrl.episode import Prompt
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.restore import load_for_inference
@@ -35,6 +35,7 @@ from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.rundir import atomic_write_text, intact_checkpoint
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
+from mrl.trainable import pick_device
 from mrl.validation import validate
 
 EVAL_FILE = "eval.json"
@@ -69,8 +70,8 @@ class HeldOut:
 
     prompts: list[Prompt]
     names: list[str]  # the channels, in the rewards' column order
-    greedy: Rollouts  # P episodes; rewards [P, K] (NaN: abstained or failed)
-    sampled: Rollouts | None  # P*S episodes, rewards [P*S, K]; None when S = 0
+    greedy: Scored  # P episodes; rewards [P, K] (NaN: abstained or failed)
+    sampled: Scored | None  # P*S episodes, rewards [P*S, K]; None when S = 0
     samples: int  # S
 
 
@@ -83,12 +84,12 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     Generated in chunks (`in_chunks`) of at most `batch_tokens` rows x (prompt + max_new_tokens) tokens, prompts of
     like length together: the KV cache, the memory that grows with the rows, is bounded by the budget whatever the
     number of prompts, and short prompts are not padded to the longest."""
-    greedy = in_chunks(engine, prompts, 1, replace(sampling, greedy=True), protocol, batch_tokens)
-    greedy.rewards, greedy.failed = reward_set.score(greedy.episodes, "drop")
+    greedy = Scored.of(in_chunks(engine, prompts, 1, replace(sampling, greedy=True), protocol, batch_tokens),
+                       reward_set, "drop")
     sampled = None
     if samples > 0:
-        sampled = in_chunks(engine, prompts, samples, replace(sampling, greedy=False), protocol, batch_tokens)
-        sampled.rewards, sampled.failed = reward_set.score(sampled.episodes, "drop")
+        sampled = Scored.of(in_chunks(engine, prompts, samples, replace(sampling, greedy=False), protocol,
+                                      batch_tokens), reward_set, "drop")
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 

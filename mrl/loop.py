@@ -1,14 +1,18 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
-`train_step` is one step, five phases in order, each a function taking and returning plain data: collect (rollouts
-from the rollout engine, scored and shaped) -> score_rollouts (mrl/update.py: old, reference log-probs, values) ->
-the estimator's advantages -> update (mrl/update.py: epochs x mini x micro-batches, then the engine's `sync_weights`) ->
-step_metrics, log_step, checkpoint_if_due.  What the steps share (models, rollout engine, task and rewards, sinks,
-position) is a `Run`, built by `start_run`.  The loop never asks which engine generates (mrl.rollout.RolloutEngine).
+`train_step` is one step, five phases in order, each a call taking and returning named objects:
+1. collect (mrl/collect.py): rollouts from the rollout engine, scored per channel and shaped -> `Collected` (with
+   `EveryRank`, the rows of every rank the batch statistics are computed on);
+2. score (mrl/update.py): old and reference log-probs, old values, PPO's KL penalty, no gradients -> `Scores`;
+3. step_advantages: the estimator (mrl/advantages.py) on every rank's rows, then this rank's -> `UpdateBatch`;
+4. update_policy: epochs x mini x micro-batches (mrl/update.py), then the engine's `sync_weights` -> its metrics;
+5. step_metrics, log_step, checkpoint_if_due.
+What the steps share (models, rollout engine, task and rewards, sinks, position) is a `Run`, built by `start_run`.
+The loop never asks which engine generates (mrl.rollout.RolloutEngine).
 
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
-  registry in mrl/algos.py, combines them; the loop itself never asks which algorithm it runs;
+  registry in mrl/advantages.py, combines them; the loop itself never asks which algorithm it runs;
 - dynamic sampling (DAPO) is a switch on any estimator: dead groups, to which the estimator gives no rollout a
   non-zero advantage after the conditions and vetoes (what is trained on; mrl.advantages.live_groups), are dropped
   and more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
@@ -34,7 +38,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,21 +46,20 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from mrl import distributed as dist
-from mrl.advantages import advantage_shares, distinct_per_group, first_live
-from mrl.algos import ESTIMATORS, Estimator
+from mrl.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per_group
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
-from mrl.engine import Trainable, pick_device
+from mrl.collect import Collected, EveryRank, collect
 from mrl.episode import agent_metrics, sample_records
 from mrl.evaluate import held_out_metrics
 from mrl.lora import BaseReference, load_policy, uses_lora
-from mrl.losses import kl_k3
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
-from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
+from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
-from mrl.update import UpdateBatch, score_rollouts, single_update, update, update_metrics
+from mrl.trainable import Trainable, pick_device
+from mrl.update import Scores, UpdateBatch, score, update, update_metrics
 from mrl.validation import validate
 from mrl.warm_start import warm_start
 
@@ -93,58 +96,82 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
     """One step, the five phases in order; returns its metrics."""
-    algo, trainer, device = cfg.algo, cfg.trainer, run.device
-    step_start = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    clock = StepClock(run.device)
     collected = collect(cfg, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,  # 1. rollouts
                         run.state)
-    failed = dist.gather_rows(torch.cat([r.failed for r in collected.rounds]))  # [every rollout generated, K]
-    run.failing.update(failed)  # stop rather than train on nothing (decided on every rank's samples: all stop)
-    rollout_s = time.perf_counter() - step_start
-    update_start = time.perf_counter()
-    batch = collected.batch
-    mask = batch.completion_mask.float()  # [N, T]
-    with run.actor.whole(), run.critic.whole() if run.critic is not None else nullcontext():
-        old_logprobs, ref_logprobs, old_values = score_rollouts(  # 2. no grad
-            run.actor, run.reference, run.critic, batch, trainer.micro_batch_size, trainer.temperature,
-            policy=not single_update(cfg), warp=Sampling.of(trainer).truncation())
-    kl_penalty = reward_kl_penalty(algo, old_logprobs, ref_logprobs, mask)  # [N, T] | None
-    every = gather_step(collected, mask, kl_penalty, failed)  # every rank's rows, for the batch statistics
-    advantages, returns = global_advantages(  # 3. advantages: [N, T], [N, T] | None
-        run.estimator, every, run.reward_set.weights, mask, old_values, algo)
-    # Dropped rollouts and lockstep padding rows never enter a loss.
-    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
-    loss_mask = mask * keep.reshape(-1, 1).to(device)
-    update_batch = UpdateBatch(batch, loss_mask, advantages, returns, old_logprobs, ref_logprobs, old_values)
+    run.failing.update(collected.every.failed)  # stop rather than train on nothing (every rank's samples: all stop)
+    clock.rollouts_done()
+    scores = score(cfg, run.actor, run.reference, run.critic, collected.batch)  # 2. no gradients
+    batch, every = step_advantages(cfg, run, collected, scores)  # 3. every rank's rows -> this rank's UpdateBatch
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
-    sums, mini_batches = {}, 0
-    if not collected.skip_update:  # 4. optimizer steps; then the rollout engine samples the new weights
-        sums, mini_batches = update(cfg, run.actor, run.critic, update_batch)
-        run.engine.sync_weights(run.actor.module.policy)
-    update_s = time.perf_counter() - update_start
-
+    updated = update_policy(cfg, run, batch, collected.skip_update)  # 4. optimizer steps, then sync the engine
+    clock.update_done()
     run.state["step"] = step  # 5. log and checkpoint
-    metrics = step_metrics(step, collected, every, run.reward_set, run.estimator, algo, advantages, loss_mask)
-    if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
-        metrics.update(run.reward_set.update_prices(dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]))))
-        run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
-    metrics.update(update_metrics(sums, mini_batches))
-    generated_tokens = dist.sum_over_ranks(sum(int(r.completion_mask.sum()) for r in collected.rounds))
-    metrics.update({  # times are rank 0's; memory is the largest rank's
-        "perf/step_s": time.perf_counter() - step_start, "perf/rollout_s": rollout_s,
-        "perf/update_s": update_s, "perf/tokens_per_s": generated_tokens / max(rollout_s, 1e-9),
-        "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(device)),
-    })
-    episodes = [e for r in collected.rounds for e in r.episodes]
-    metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
-    metrics.update(eval_if_due(cfg, run, step))  # held-out prompts, every trainer.eval_every steps
+    metrics = step_metrics(cfg, run, step, collected, every, batch, updated, clock)
     log_step(cfg, run, step, metrics, collected)
     run.completed = dict(run.state)
     run.updating = False
     checkpoint_if_due(cfg, run, step)
     return metrics
+
+
+def step_advantages(cfg: DictConfig, run: Run, collected: Collected, scores: Scores) -> tuple[UpdateBatch, EveryRank]:
+    """Phase 3: the estimator on every rank's rows (`EveryRank`), then this rank's: the batch the update trains on,
+    whose loss mask leaves out dropped rollouts and lockstep padding rows.  Returns it and every rank's rows (the
+    KL penalty added), for the step's metrics."""
+    mask = collected.batch.completion_mask.float()  # [N, T]
+    every = replace(collected.every, kl_penalty=collected.every.gather(scores.kl_penalty))
+    advantages, returns = global_advantages(run.estimator, every, run.reward_set.weights, mask, scores.values,
+                                            cfg.algo)  # [N, T], [N, T] | None
+    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
+    loss_mask = mask * keep.reshape(-1, 1).to(run.device)
+    return UpdateBatch(collected.batch, loss_mask, advantages, returns, scores.old_logprobs, scores.ref_logprobs,
+                       scores.values), every
+
+
+def global_advantages(estimator: Estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
+                      algo) -> tuple[Tensor, Tensor | None]:
+    """The estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's padding rows ->
+    (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
+    advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
+                                                     every.mask, every.gather(values), every.kl_penalty, algo)
+
+    def local(x: Tensor | None) -> Tensor | None:
+        return None if x is None else dist.pad_to(dist.local_rows(x, mask[:every.rows]), mask.shape)
+
+    return local(advantages), local(returns)
+
+
+def update_policy(cfg: DictConfig, run: Run, batch: UpdateBatch, skip: bool) -> dict[str, float | None]:
+    """Phase 4: the optimizer steps (none when dynamic sampling found no live group), then the rollout engine
+    samples the new weights.  Returns the update's metrics (mrl.update.update_metrics)."""
+    sums, mini_batches = {}, 0
+    if not skip:
+        sums, mini_batches = update(cfg, run.actor, run.critic, batch)
+        run.engine.sync_weights(run.actor.module.policy)
+    return update_metrics(sums, mini_batches)
+
+
+class StepClock:
+    """A step's times (rank 0's) and peak memory (the largest rank's): perf/... and mem/peak_mb."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.start = device, time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def rollouts_done(self) -> None:
+        self.rollout_s = time.perf_counter() - self.start
+        self.update_start = time.perf_counter()
+
+    def update_done(self) -> None:
+        self.update_s = time.perf_counter() - self.update_start
+
+    def metrics(self, generated_tokens: int) -> dict[str, float]:
+        return {"perf/step_s": time.perf_counter() - self.start, "perf/rollout_s": self.rollout_s,
+                "perf/update_s": self.update_s, "perf/tokens_per_s": generated_tokens / max(self.rollout_s, 1e-9),
+                "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(self.device))}
 
 
 @dataclass
@@ -216,15 +243,6 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
                run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
 
 
-def reward_kl_penalty(algo, old_logprobs: Tensor | None, ref_logprobs: Tensor | None,
-                      mask: Tensor) -> Tensor | None:
-    """PPO's per-token KL penalty in the reward (algo.kl_mode=reward), [N, T]; None without a reference model or
-    with KL in the loss."""
-    if ref_logprobs is None or algo.kl_mode != "reward":
-        return None
-    return algo.kl_coef * kl_k3(old_logprobs, ref_logprobs) * mask
-
-
 def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
     """Phase 5: metrics.jsonl, W&B, transcripts every `logger.samples_every` steps (one per group), the progress bar."""
     run.metrics_file.log(metrics)
@@ -232,7 +250,7 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
         run.wandb.log(metrics)
     if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():
         shown = collected.rounds[0]
-        rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
+        rows = list(range(0, len(shown.episodes), shown.rollouts.group_size))[:4]
         samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
                                  run.reward_set.names)
         write_samples(run.run_dir, samples)
@@ -317,130 +335,32 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
     return tokenizer, actor, critic, reference
 
 
-@dataclass
-class Collected:
-    """One step's rollouts: every generation round (for the logs) and the batch trained on."""
-
-    rounds: list[Rollouts]  # every generation round, scored: rewards [B*G, K] each
-    batch: Rollouts  # the live groups (all groups without dynamic sampling): N = B'*G rollouts
-    shaped: Tensor  # [B', G, K] the batch's rewards after conditions and vetoes, NaN = abstained
-    keep: Tensor  # [B', G] bool: rollouts that enter the losses (not dropped by a constraint or a failed channel)
-    shaping_stats: dict[str, float]
-    num_live: int  # live groups found (dynamic sampling), or B' (over all ranks)
-    skip_update: bool  # dynamic sampling found no live group: no optimizer step
-
-    @property
-    def rows(self) -> int:
-        """Batch rows that are this rank's groups (B'*G); rows after them are lockstep padding."""
-        return self.keep.numel()
-
-
-def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], ContextManager], tokenizer, reward_set,
-            state: dict) -> Collected:
-    """Phase 1: B prompts x G samples from the rollout engine, scored per channel and shaped (conditions, vetoes).
-    `whole()` is the context in which the policy's weights are whole (Trainable.whole: ZeRO-3 gathers them).
-
-    With dynamic sampling, groups to which the estimator gives no non-zero advantage *after shaping* (what the
-    update trains on; mrl.advantages.live_groups) are dropped and more prompts drawn, until B live groups are found
-    or `algo.max_gen_batches` rounds were generated.
-
-    B is global: this rank generates its shard of each round's prompts (mrl.distributed.shard), and the live groups
-    kept are the first ones in the global order, as on one process, so every rank agrees on the rounds and on the
-    count; the ranks may then hold different numbers of live groups.
-    """
-    algo, trainer = cfg.algo, cfg.trainer
-    estimator = ESTIMATORS[algo.advantage]
-    B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
-    offset, local_B = dist.shard(B)
-    rounds: list[Rollouts] = []
-    live_parts: list[Rollouts] = []
-    num_live = 0
-    while True:
-        prompts = [task.prompt(state["prompt_position"] + offset + i) for i in range(local_B)]
-        state["prompt_position"] += B
-        with whole():  # ZeRO-3: the weights gathered once for the round, not at every token
-            rollouts = engine.generate(prompts, G, Sampling.of(trainer), episode_protocol(cfg, tokenizer, task))
-        rollouts.rewards, rollouts.failed = reward_set.score(rollouts.episodes, cfg.rewards.on_error)
-        rounds.append(rollouts)
-        if not algo.dynamic_sampling:
-            live_parts.append(rollouts)
-            num_live = B
-            break
-        shaped, _, _ = reward_set.shape(rollouts.rewards.view(local_B, G, K))
-        live = reward_set.live(shaped, estimator)  # [local_B]
-        chosen = first_live(dist.gather_rows(live), B - num_live)  # [B] over all ranks, in the global order
-        groups = dist.local_rows(chosen, live).nonzero().squeeze(-1)
-        if len(groups):
-            live_parts.append(rollouts.select_groups(groups))
-        num_live += int(chosen.sum())
-        if num_live >= B or len(rounds) >= algo.max_gen_batches:
-            break
-    # No live group within max_gen_batches: nothing to learn, so no optimizer step (Adam would still move the
-    # weights on a zero gradient); the first round stands in for the logs.
-    skip_update = num_live == 0
-    batch = (Rollouts.concat(live_parts, tokenizer.pad_token_id) if live_parts
-             else rounds[0] if skip_update else rounds[0].select_groups(torch.zeros(0, dtype=torch.long)))
-    shaped, keep, shaping_stats = reward_set.shape(batch.rewards.view(-1, G, K))  # [B', G, K], [B', G]
-    keep &= ~batch.failed.any(-1).view(keep.shape)  # samples a channel failed on (rewards.on_error=drop)
-    batch = lockstep_batch(batch, rounds[0], tokenizer.pad_token_id)
-    return Collected(rounds, batch, shaped, keep, shaping_stats, num_live, skip_update)
+def step_metrics(cfg: DictConfig, run: Run, step: int, collected: Collected, every: EveryRank, batch: UpdateBatch,
+                 updated: dict[str, float | None], clock: StepClock) -> dict[str, Any]:
+    """Phase 5: the step's metrics: rewards, advantages, groups and shaping (`batch_metrics`), the budgets' prices,
+    the update's, times and memory, the agents', and the held-out evaluation when due."""
+    metrics = batch_metrics(step, collected, every, run.reward_set, run.estimator, cfg.algo, batch)
+    if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
+        metrics.update(run.reward_set.update_prices(every.rewards))
+        run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
+    metrics.update(updated)
+    generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in collected.rounds))
+    metrics.update(clock.metrics(generated_tokens))
+    episodes = collected.episodes
+    metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
+    metrics.update(eval_if_due(cfg, run, step))  # held-out prompts, every trainer.eval_every steps
+    return metrics
 
 
-def lockstep_batch(batch: Rollouts, filler: Rollouts, pad_id: int) -> Rollouts:
-    """`batch` grown to the most rows and completion tokens any rank holds: the rows added repeat one rollout (of
-    `filler` when the batch is empty) and are never trained on (the loop zeroes their loss mask).  DeepSpeed needs
-    every rank to run the same micro-batches (a gradient reduction after each backward; under ZeRO-3, parameter
-    gathers at each layer's forward, and at each chunk of the output layer, whose count grows with N x T)."""
-    n, width = len(batch.episodes), batch.completion_ids.shape[1]
-    rows, cols = int(dist.max_over_ranks(n)), int(dist.max_over_ranks(width))
-    padding = [(batch if n else filler).take(torch.zeros(rows - n, dtype=torch.long))] if rows > n else []
-    return Rollouts.concat([batch, *padding], pad_id, min_width=cols)
-
-
-@dataclass
-class EveryRank:
-    """The step's rows on every rank (gathered once; on one process, this rank's), lockstep padding left out: what
-    the batch statistics are computed on, the advantages' (GDPO's batch normalization, PPO's whitening) and the
-    logged metrics'."""
-
-    rows: int  # this rank's own rows (B'*G); the batch's rows after them are lockstep padding
-    shaped: Tensor  # [B'', G, K] rewards after conditions and vetoes
-    mask: Tensor  # [N'', T] completion mask
-    kl_penalty: Tensor | None  # [N'', T] PPO's per-token KL penalty
-    failed: Tensor  # [every rollout generated this step, K] bool: a channel failed on it
-
-    def gather(self, x: Tensor | None) -> Tensor | None:
-        """Every rank's own rows of a per-row tensor of the batch (lockstep padding left out)."""
-        return None if x is None else dist.gather_rows(x[:self.rows])
-
-
-def gather_step(collected: Collected, mask: Tensor, kl_penalty: Tensor | None, failed: Tensor) -> EveryRank:
-    every = EveryRank(collected.rows, dist.gather_rows(collected.shaped), mask, kl_penalty, failed)
-    return replace(every, mask=every.gather(mask), kl_penalty=every.gather(kl_penalty))
-
-
-def global_advantages(estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
-                      algo) -> tuple[Tensor, Tensor | None]:
-    """Phase 3: the estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's
-    padding rows -> (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
-    advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
-                                                     every.mask, every.gather(values), every.kl_penalty, algo)
-
-    def local(x: Tensor | None) -> Tensor | None:
-        return None if x is None else dist.pad_to(dist.local_rows(x, mask[:every.rows]), mask.shape)
-
-    return local(advantages), local(returns)
-
-
-def step_metrics(step: int, collected: Collected, every: EveryRank, reward_set, estimator, algo,
-                 advantages: Tensor, loss_mask: Tensor) -> dict[str, Any]:
-    """Phase 5: the step's reward, advantage, group and shaping metrics (update metrics are added by the caller),
-    over every rank's rollouts (gathered; lockstep padding rows left out)."""
+def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set: RewardSet, estimator: Estimator,
+                  algo, batch: UpdateBatch) -> dict[str, Any]:
+    """The step's reward, advantage, group and shaping metrics over every rank's rollouts (gathered; lockstep padding
+    rows left out), at the weights the advantages used (before the prices move)."""
     G, K = collected.batch.group_size, len(reward_set.names)
     weights = reward_set.weights
-    all_rewards = dist.gather_rows(torch.cat([r.rewards for r in collected.rounds]).view(-1, G, K))  # [rounds*B,G,K]
+    all_rewards = every.rewards.view(-1, G, K)  # [rounds*B, G, K]
     shaped, mask = every.shaped, every.mask  # [B', G, K], [N, T]
-    advantages, loss_mask = every.gather(advantages), every.gather(loss_mask)  # [N, T]
+    advantages, loss_mask = every.gather(batch.advantages), every.gather(batch.loss_mask)  # [N, T]
     metrics: dict[str, Any] = {"step": step}
     metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
     if every.kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens

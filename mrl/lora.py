@@ -2,7 +2,7 @@
 
 How the rest of mrl sees it:
 - Training: `load_policy` wraps the causal LM with peft (`get_peft_model`).  Only the adapters require grad, so the
-  optimizer (mrl/engine.py `param_groups`) or DeepSpeed keeps states for them (and PPO's value head) alone, and the
+  optimizer (mrl/trainable.py `param_groups`) or DeepSpeed keeps states for them (and PPO's value head) alone, and the
   base weights get no gradient buffers.  Where the device computes in half precision (a GPU with model.dtype=bf16),
   the frozen base is loaded in that dtype: only trained weights need float32 masters (mrl/precision.py).
 - The KL reference is the policy itself with its adapters switched off (`BaseReference`, peft's `disable_adapter`):
@@ -28,9 +28,9 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from mrl.config import ModelConfig, UserError
-from mrl.engine import Trainable
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.precision import MASTER, cast_state, precision_for
+from mrl.trainable import Trainable
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -122,7 +122,7 @@ def check_resume(policy_dir: Path, cfg: ModelConfig) -> None:
 class BaseReference:
     """The KL reference of a LoRA policy: the training module itself with its adapters disabled, without gradients.
 
-    Called like an mrl.models.Actor (what rollout.policy_forward calls), through a view that shares the policy's
+    Called like an mrl.models.Actor (what update.policy_forward calls), through a view that shares the policy's
     modules (no copy) and has no value head.  score_rollouts calls it while the actor is in eval mode."""
 
     def __init__(self, actor: Actor):

@@ -19,7 +19,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mrl.config import UserError
-from mrl.rundir import LINEAGE_FILE, warn
+from mrl.distributed import warn
+from mrl.rundir import LINEAGE_FILE
 from mrl.tracking import METRICS_FILE, read_metrics
 
 

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig
-from mrl.engine import DS_TAG, OPTIMIZER_FILE, load_plain
 from mrl.lora import adapter_weights, is_adapter_dir
 from mrl.models import load_causal_lm, resolve_model_path
 from mrl.precision import MASTER, compute_in, precision_for
+from mrl.trainable import DS_TAG, OPTIMIZER_FILE, load_plain
 
 
 def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:

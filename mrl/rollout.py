@@ -1,4 +1,4 @@
-"""Prompts -> G sampled completions each -> token tensors and Episodes; and the policy's per-token log-probs.
+"""Prompts -> G sampled completions each -> token tensors and Episodes (the policy's log-probs of them: mrl/update.py).
 
 Layout of a batch of N = B*G rollouts, grouped by prompt (rows g*G .. g*G+G-1 are prompt g's group):
 prompt tokens left-padded to P, completion tokens right-padded to T, so that row n's sequence is
@@ -22,10 +22,10 @@ from torch import Tensor
 from mrl.captured import captured_decoder, first_use_check
 from mrl.config import Registry, UserError
 from mrl.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
+from mrl.distributed import warn
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.models import cache_kwarg, empty_cache, hf_model, position_ids
 from mrl.protocols import ToolProtocol, Turn
-from mrl.rundir import warn
 from mrl.stops import Stops, first_stop, spelled_stop
 
 
@@ -38,8 +38,6 @@ class Rollouts:
     completion_attention: Tensor  # [N, T] 1 on every transcript token (generated and observed), 0 on padding
     episodes: list[Episode]
     group_size: int
-    rewards: Tensor | None = None  # [N, K] per channel once scored; NaN where a channel abstained
-    failed: Tensor | None = None  # [N, K] bool: channel k failed on the sample (rewards.on_error=drop)
 
     @property
     def num_groups(self) -> int:
@@ -56,18 +54,18 @@ class Rollouts:
     def take(self, rows: Tensor) -> "Rollouts":
         """The rollouts at `rows` [M] (a micro-batch, or whole groups)."""
         rows = rows.to(self.prompt_ids.device)
-        cpu_rows = rows.cpu()
         return Rollouts(
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows],
             self.completion_attention[rows], [self.episodes[r] for r in rows.tolist()], self.group_size,
-            self.rewards[cpu_rows] if self.rewards is not None else None,
-            self.failed[cpu_rows] if self.failed is not None else None,
         )
+
+    def group_rows(self, groups: Tensor) -> Tensor:
+        """Group indices [B'] -> their rows [B'*G]."""
+        return (groups.reshape(-1, 1) * self.group_size + torch.arange(self.group_size)).reshape(-1)
 
     def select_groups(self, groups: Tensor) -> "Rollouts":
         """Whole groups, by group index [B'] -> B'*G rollouts."""
-        rows = (groups.reshape(-1, 1) * self.group_size + torch.arange(self.group_size)).reshape(-1)
-        return self.take(rows)
+        return self.take(self.group_rows(groups))
 
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int, min_width: int = 0) -> "Rollouts":
@@ -92,8 +90,6 @@ class Rollouts:
             torch.cat([right(p.completion_attention, 0) for p in parts]),
             [e for p in parts for e in p.episodes],
             parts[0].group_size,
-            torch.cat([p.rewards for p in parts]) if parts[0].rewards is not None else None,
-            torch.cat([p.failed for p in parts]) if parts[0].failed is not None else None,
         )
 
 
@@ -544,31 +540,3 @@ def check(cfg) -> None:
     ROLLOUT_ENGINES.choose(cfg.rollout.engine, "auto samples from the training module with mrl's captured decoder "
                            "on CUDA where it passes its first-use check, mrl's native decoder elsewhere where it runs "
                            "the model, else HF generate")
-
-
-def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
-                   entropy_grad: bool = False, warp=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the
-    distribution the rollouts were sampled from: logits / temperature, truncated as the sampler truncates under
-    top_k / top_p (`warp`: Sampling.truncation(); TRL and verl leave the truncation out).
-
-    Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
-    values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
-    before it.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
-    """
-    attention_mask = batch.attention_mask
-    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end (scoring nothing).
-    keep = batch.completion_ids.shape[1] + 1
-    logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
-                                        prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
-                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad,
-                                        warp=warp)
-    values = values[:, :-1].float() if values is not None else None
-    return logprobs, entropies, values
-
-
-def value_forward(critic, batch: Rollouts) -> Tensor:
-    """Values of the state before each completion token, from a separate critic (mrl.models.ValueModel).  -> [N, T]"""
-    attention_mask = batch.attention_mask
-    values = critic(batch.input_ids, attention_mask, position_ids(attention_mask))
-    return values[:, batch.prompt_ids.shape[1] - 1:-1].float()

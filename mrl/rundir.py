@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import sys
 import threading
 from enum import Enum
 from pathlib import Path
@@ -48,10 +47,6 @@ LINEAGE_FILE = "lineage.json"  # a warm start's source (mrl/warm_start.py), read
 STATE_FILE = "state.json"
 METRICS_FILE = "metrics.jsonl"
 LOCK_FILE = ".mrl.lock"
-
-
-def warn(message: str) -> None:
-    print(f"mrl: warning: {message}", file=sys.stderr, flush=True)
 
 
 # ---- durable writes --------------------------------------------------------------------------------------------
@@ -430,7 +425,7 @@ def _warn_once(message: str) -> None:
     """`mrl train` resolves the resume twice (before Hydra writes, and in train()): say it once."""
     if message not in _WARNED:
         _WARNED.add(message)
-        warn(message)
+        dist.warn(message)
 
 
 # ---- what a resume must not change -----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ step.  The loss is the token mean of -log p over the tokens the policy writes (m
 their end-of-turn tokens, calls included; system, user and tool-result tokens masked), over the whole batch and every
 rank (mrl.distributed.per_rank_denominator): long and short demonstrations weigh by their tokens, as TRL's SFTTrainer
 with assistant_only_loss.  Everything else is the RL loop's: the same models, precision policy (fp32 masters), LoRA,
-DeepSpeed ZeRO and ranks (mrl.engine.Trainable), checkpoints and exact resume (mrl.checkpoint), held-out evaluation
+DeepSpeed ZeRO and ranks (mrl.trainable.Trainable), checkpoints and exact resume (mrl.checkpoint), held-out evaluation
 (mrl.evaluate, `eval/...`), metrics.jsonl and W&B, a progress bar.
 
 How it departs from TRL's SFTTrainer: the rows are played through the episode's own protocol (the ids a rollout
@@ -35,17 +35,18 @@ from mrl.checkpoint import load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.data import EpochStream, load_records, split_train_eval
 from mrl.demonstrations import Played, play, play_conversation, task_demonstrations
-from mrl.engine import Trainable, pick_device
 from mrl.evaluate import held_out_metrics
 from mrl.loop import seed_everything
 from mrl.lora import load_policy
 from mrl.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.protocols import ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids, policy_forward
-from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity, warn
+from mrl.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids
+from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
+from mrl.trainable import Trainable, pick_device
+from mrl.update import policy_forward
 from mrl.validation import validate
 
 
@@ -188,8 +189,8 @@ def cut_to_length(played: list[Played], max_len: int) -> list[Played]:
     cut = [p for p in played if len(p.input_ids) > max_len]
     if cut:
         names = ", ".join(p.source for p in cut[:5]) + (f" and {len(cut) - 5} more" if len(cut) > 5 else "")
-        warn(f"sft.max_seq_len={max_len}: {len(cut)} of {len(played)} demonstrations are longer and were cut to it "
-             f"({names}); raise sft.max_seq_len to keep them whole")
+        dist.warn(f"sft.max_seq_len={max_len}: {len(cut)} of {len(played)} demonstrations are longer and were cut to "
+                  f"it ({names}); raise sft.max_seq_len to keep them whole")
     out = []
     for p in played:
         if len(p.input_ids) <= max_len:

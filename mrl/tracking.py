@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mrl.config import UserError
-from mrl.rundir import METRICS_FILE, atomic_write_text, open_nofollow, warn
+from mrl.distributed import warn
+from mrl.rundir import METRICS_FILE, atomic_write_text, open_nofollow
 
 SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.episode.sample_records)
 

@@ -1,5 +1,7 @@
-"""The update's side of a step: the rollouts scored without gradients (phase 2: old and reference log-probs, old
-values), and the optimizer steps (phase 4: epochs x mini-batches x micro-batches around `micro_loss`).
+"""The update's side of a step: the rollouts scored without gradients (phase 2, `score`: old and reference
+log-probs, old values, PPO's KL penalty, one `Scores` record), and the optimizer steps (phase 4, `update`: epochs x
+mini-batches x micro-batches around `micro_loss`, on an `UpdateBatch`); both score tokens with `policy_forward`
+(and `value_forward`, PPO's separate critic).
 
 Losses of micro-batches are divided by their mini-batch's count (tokens or sequences, as the aggregation says:
 mrl.losses.AGGREGATIONS), and that count by the number of ranks, so gradient accumulation and DeepSpeed's mean over
@@ -8,6 +10,7 @@ ranks give exactly the gradient of the whole mini-batch on one process.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +18,10 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from mrl import distributed as dist
-from mrl.engine import Trainable
 from mrl.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
-from mrl.rollout import Rollouts, Sampling, policy_forward, value_forward
+from mrl.models import position_ids
+from mrl.rollout import Rollouts, Sampling
+from mrl.trainable import Trainable
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -148,12 +152,40 @@ def single_update(cfg: DictConfig) -> bool:
     return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
 
 
+@dataclass
+class Scores:
+    """Phase 2: the batch scored without gradients, per completion token [N, T]."""
+
+    old_logprobs: Tensor | None  # the sampling policy's; None: the update takes its own, detached (`single_update`)
+    ref_logprobs: Tensor | None  # the reference's (algo.kl_coef > 0)
+    values: Tensor | None  # the critic's or the value head's (PPO)
+    kl_penalty: Tensor | None = None  # PPO's per-token KL penalty in the reward (algo.kl_mode=reward)
+
+
+def score(cfg: DictConfig, actor: Trainable, reference, critic: Trainable | None, batch: Rollouts) -> Scores:
+    """Phase 2: `batch` scored by the policy, the reference and the critic, their weights whole (ZeRO-3)."""
+    trainer = cfg.trainer
+    with actor.whole(), critic.whole() if critic is not None else nullcontext():
+        scores = score_rollouts(actor, reference, critic, batch, trainer.micro_batch_size, trainer.temperature,
+                                policy=not single_update(cfg), warp=Sampling.of(trainer).truncation())
+    scores.kl_penalty = reward_kl_penalty(cfg.algo, scores, batch.completion_mask.float())
+    return scores
+
+
+def reward_kl_penalty(algo, scores: Scores, mask: Tensor) -> Tensor | None:
+    """PPO's per-token KL penalty in the reward (algo.kl_mode=reward), [N, T]; None without a reference model or
+    with KL in the loss."""
+    if scores.ref_logprobs is None or algo.kl_mode != "reward":
+        return None
+    return algo.kl_coef * kl_k3(scores.old_logprobs, scores.ref_logprobs) * mask
+
+
 @torch.no_grad()
 def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
-                   temperature: float, policy: bool = True, warp=None):
-    """Phase 2: (old log-probs [N, T] or None when not `policy`, reference log-probs [N, T] or None, old values
-    [N, T] or None), micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by
-    `warp` under top_k / top_p; the reference's by its own top-k / top-p)."""
+                   temperature: float, policy: bool = True, warp=None) -> Scores:
+    """Old log-probs (None when not `policy`), reference log-probs (or None) and old values (or None), [N, T] each,
+    micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by `warp` under top_k /
+    top_p; the reference's by its own top-k / top-p)."""
     actor.module.eval()
     if critic is not None:
         critic.module.eval()
@@ -170,7 +202,7 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
         elif head_values is not None:
             values.append(head_values)
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
-    return cat(old), cat(ref), cat(values)
+    return Scores(cat(old), cat(ref), cat(values))
 
 
 def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
@@ -183,3 +215,31 @@ def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:
     """This micro-batch's share of the token mean of `values` over its mini-batch of `tokens` generated tokens
     (summed over micro-batches; per rank: mrl.distributed.per_rank_denominator)."""
     return ((values.detach() * micro_mask).sum() / tokens).item()
+
+
+def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
+                   entropy_grad: bool = False, warp=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Per-token log-probs of the completion under `actor` (an mrl.models.Actor, maybe inside an engine), of the
+    distribution the rollouts were sampled from: logits / temperature, truncated as the sampler truncates under
+    top_k / top_p (`warp`: Sampling.truncation(); TRL and verl leave the truncation out).
+
+    Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
+    values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
+    before it.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
+    """
+    attention_mask = batch.attention_mask
+    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end (scoring nothing).
+    keep = batch.completion_ids.shape[1] + 1
+    logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
+                                        prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
+                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad,
+                                        warp=warp)
+    values = values[:, :-1].float() if values is not None else None
+    return logprobs, entropies, values
+
+
+def value_forward(critic, batch: Rollouts) -> Tensor:
+    """Values of the state before each completion token, from a separate critic (mrl.models.ValueModel).  -> [N, T]"""
+    attention_mask = batch.attention_mask
+    values = critic(batch.input_ids, attention_mask, position_ids(attention_mask))
+    return values[:, batch.prompt_ids.shape[1] - 1:-1].float()

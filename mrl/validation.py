@@ -17,7 +17,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from mrl.config import Bound, UserError
+from mrl.config import (
+    AlgoConfig,
+    DataConfig,
+    DeepSpeedConfig,
+    LoggerConfig,
+    LoraSettings,
+    SftConfig,
+    TrainerConfig,
+    UserError,
+    schema_bounds,
+)
 from mrl.distributed import exit_with_error
 from mrl.rundir import check_run_dir
 
@@ -32,64 +42,11 @@ CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-BOUNDS = [
-    Bound("trainer.max_steps", 1, fix="a positive number of steps"),
-    Bound("trainer.seed", 0, 2**32 - 1, fix="NumPy takes 32-bit unsigned seeds"),
-    Bound("trainer.prompts_per_step", 1),
-    Bound("trainer.group_size", 1),
-    Bound("trainer.max_new_tokens", 1),
-    Bound("trainer.max_tool_tokens", 1, fix="the most tokens one tool result adds (256 by default)"),
-    Bound("trainer.temperature", 0, strict=True, fix="rollouts are sampled from softmax(logits / temperature); 1.0 "
-                                                     "samples the model's own distribution"),
-    Bound("trainer.top_p", 0, 1, strict=True, fix="1.0 turns nucleus sampling off"),
-    Bound("trainer.top_k", 0, fix="0 turns top-k sampling off"),
-    Bound("trainer.lr", 0, strict=True, fix="AdamW's learning rate: 3e-4 suits the built-in tiny model, about 1e-6 "
-                                            "a pretrained one"),
-    Bound("trainer.weight_decay", 0, fix="0 turns it off"),
-    Bound("trainer.grad_clip", 0, strict=True, fix="the gradient norm is clipped to it (1.0 by default)"),
-    Bound("trainer.micro_batch_size", 1),
-    Bound("trainer.num_mini_batches", 1, fix="optimizer steps per epoch over the batch"),
-    Bound("trainer.save_every", 1, fix="a checkpoint every N steps (and at the end)"),
-    Bound("trainer.eval_every", 0, fix="a held-out evaluation every N steps (and at step 0 and the end); 0 turns it "
-                                       "off"),
-    Bound("trainer.eval_prompts", 1, fix="held-out prompts scored at each evaluation (32 by default)"),
-    Bound("trainer.eval_samples", 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only"),
-    Bound("trainer.eval_batch_tokens", 1, fix="rows x (prompt + max_new_tokens) tokens a held-out generate call may "
-                                              "hold (16384 by default): it bounds the evaluation's KV cache"),
-    Bound("sft.lr", 0, strict=True, fix="AdamW's learning rate for SFT: 2e-5 suits SmolLM2-135M"),
-    Bound("sft.epochs", 0, strict=True, fix="passes over the demonstrations (1.0: one)"),
-    Bound("sft.steps", 0, fix="optimizer steps; 0 takes them from sft.epochs"),
-    Bound("sft.batch_size", 1, fix="demonstrations per optimizer step"),
-    Bound("sft.micro_batch_size", 1, fix="demonstrations per forward and backward"),
-    Bound("sft.warmup_steps", 0, fix="0 starts at sft.lr"),
-    Bound("sft.max_seq_len", 8, fix="the most tokens of one demonstration, prompt included (1024 by default)"),
-    Bound("sft.max_records", 1, fix="demonstrations drawn from a generator task"),
-    Bound("sft.eval_every", 0, fix="a held-out evaluation every N SFT steps; 0: at the start and the end only"),
-    Bound("sft.save_every", 1, fix="a checkpoint every N SFT steps (and after the last)"),
-    Bound("algo.adv_eps", 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)"),
-    Bound("algo.epochs", 1, fix="passes over each batch"),
-    Bound("algo.clip_low", 0, 1, below_high=True, fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; PPO "
-                                                      "uses 0.2"),
-    Bound("algo.clip_high", 0, fix="the ratio is clipped to [1 - clip_low, 1 + clip_high]; DAPO's clip-higher "
-                                   "uses 0.28"),
-    Bound("algo.kl_coef", 0, fix="0 turns the KL term off (no reference model is loaded)"),
-    Bound("algo.entropy_coef"),
-    Bound("algo.max_gen_batches", 1, fix="generation rounds per step with dynamic sampling"),
-    Bound("algo.overlong_buffer", 0, fix="0 turns overlong shaping off"),
-    Bound("algo.overlong_penalty", 0, fix="the overlong channel's weight"),
-    Bound("algo.gamma", 0, 1),
-    Bound("algo.lam", 0, 1),
-    Bound("algo.value_clip", 0),
-    Bound("algo.vf_coef", 0),
-    Bound("data.eval_fraction", 0, 1, below_high=True, fix="0 holds nothing out; 0.1 holds out 10%"),
-    Bound("deepspeed.stage", 0, 3, fix="the ZeRO stage; pick a preset: deepspeed=none|zero1|zero2|zero3"),
-    Bound("deepspeed.gradient_clipping", 0),
-    Bound("logger.log_every", 1),
-    Bound("logger.samples_every", 0, fix="0 writes no transcripts"),
-    Bound("model.lora.r", 0, fix="the adapters' rank; 0 turns LoRA off, 16 is usual"),
-    Bound("model.lora.alpha", 0, strict=True, fix="the adapters' output is scaled by alpha / r; 2 * r is usual"),
-    Bound("model.lora.dropout", 0, 1, below_high=True, fix="dropout on the adapters' input; 0 turns it off"),
-]
+# Every bounded schema field (mrl.config.bounded: the bound stands beside the field and its default), in this order.
+BOUNDS = [bound for prefix, schema in (("trainer", TrainerConfig), ("sft", SftConfig), ("algo", AlgoConfig),
+                                       ("data", DataConfig), ("deepspeed", DeepSpeedConfig), ("logger", LoggerConfig),
+                                       ("model.lora", LoraSettings))
+          for bound in schema_bounds(prefix, schema)]
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -108,11 +65,11 @@ def validate(cfg: DictConfig) -> None:
     (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     check_values(cfg)
     # Start-up time: the components import torch; imported once the plain checks passed, so refusals come fast.
-    from mrl import algos, demonstrations, engine, lora, models, protocols, rollout, tasks, warm_start
+    from mrl import algos, demonstrations, lora, models, protocols, rollout, tasks, trainable, warm_start
     from mrl.rewards import channels
 
-    for check in (rollout.check, algos.check, protocols.check, engine.check, channels.check, models.check, tasks.check,
-                  lora.check, warm_start.check, demonstrations.check):
+    for check in (rollout.check, algos.check, protocols.check, trainable.check, channels.check, models.check,
+                  tasks.check, lora.check, warm_start.check, demonstrations.check):
         check(cfg)
 
 

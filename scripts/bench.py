@@ -218,7 +218,7 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
     mrl.loop.MetricsFile = SyncedMetrics
     mrl.loop.collect = hooks.timed_rollout(mrl.loop.collect)
     if phases is not None:
-        for name in ("collect", "score_rollouts", "update"):
+        for name in ("collect", "score", "update"):
             setattr(mrl.loop, name, phases(name, getattr(mrl.loop, name)))
     run_dir = Path(tempfile.mkdtemp(prefix=f"mrl-bench-{shape.name}-"))
     mrl.loop.train(cfg, run_dir)

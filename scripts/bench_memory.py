@@ -14,7 +14,7 @@ the most RSS the process held at any moment of it, what it still holds from befo
 it).  The peak of a phase is the largest over the steps.  Phases:
 - setup: imports, model and tokenizer loaded, trainer built (before step 1);
 - generate: sampling P x G completions (mrl: `collect`, whose reward scoring is trivial here; TRL: its HF generate);
-- score: mrl's `score_rollouts` (old and reference log-probs: neither is computed with one update and no KL);
+- score: mrl's `score` (old and reference log-probs: neither is computed with one update and no KL);
   TRL: the rest of `_generate_and_score_completions` (rewards, advantages; no old/reference log-probs either);
 - update: the policy forward, the loss, backward and the optimizer step.
 Prints the peaks, the step's peak (the largest phase) and mrl / TRL.
@@ -41,7 +41,7 @@ ARCH = "qwen2_5_1_5b_instruct"
 SHRINK = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512)
 PHASES = ("setup", "generate", "score", "update")
-MRL_PHASES = {"collect": "generate", "score_rollouts": "score", "update": "update"}
+MRL_PHASES = {"collect": "generate", "score": "score", "update": "update"}
 
 
 def model_dir() -> Path:

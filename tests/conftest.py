@@ -29,7 +29,7 @@ def _isolated_env(tmp_path_factory):
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     # DeepSpeed compiles a C++ op on first use: keep it in the persistent cache the CLI uses too.
-    from mrl.engine import torch_extensions_dir
+    from mrl.trainable import torch_extensions_dir
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     yield

@@ -70,9 +70,10 @@ def grads(out: str, stage: int) -> None:
 
     import mrl.config  # noqa: F401
     from mrl import distributed as dist
-    from mrl.algos import ESTIMATORS
+    from mrl.advantages import ESTIMATORS
+    from mrl.collect import collect, lockstep_batch
     from mrl.config import CONF_DIR
-    from mrl.loop import build_models, collect, lockstep_batch, seed_everything
+    from mrl.loop import build_models, seed_everything
     from mrl.rewards.channels import build_reward_set
     from mrl.rollout import HFEngine
     from mrl.tasks import build_task

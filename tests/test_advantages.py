@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from mrl.advantages import (
+    ESTIMATORS,
     check_finite,
     gae_advantages,
     gae_token_rewards,
@@ -19,7 +20,6 @@ from mrl.advantages import (
     live_groups,
     masked_whiten,
 )
-from mrl.algos import ESTIMATORS
 from mrl.config import UserError
 
 EPS = 1e-6
@@ -235,7 +235,7 @@ def test_grpo_weighted_sums_that_tie_are_dead_but_gdpo_is_live():
 
 def test_an_unknown_estimator_names_the_choices_and_the_registry():
     with pytest.raises(UserError, match=r"^algo.advantage='reinforce': choose one of grpo, gdpo, gae \(registered in "
-                                        r"mrl/algos.py ESTIMATORS\)$"):
+                                        r"mrl/advantages.py ESTIMATORS, with @estimator\)$"):
         ESTIMATORS.choose("reinforce")
 
 

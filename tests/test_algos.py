@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import ALGOS
 
-from mrl.algos import ESTIMATORS
+from mrl.advantages import ESTIMATORS
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt
 from mrl.loop import build_models
@@ -39,7 +39,7 @@ def hand_batch(tokenizer) -> Rollouts:
 
 
 def sequence_logprobs(actor, batch, temperature) -> torch.Tensor:
-    logprobs = score_rollouts(actor, None, None, batch, 8, temperature)[0]  # [N, T]
+    logprobs = score_rollouts(actor, None, None, batch, 8, temperature).old_logprobs  # [N, T]
     return (logprobs * batch.completion_mask).sum(-1)  # [N]
 
 
@@ -54,7 +54,8 @@ def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg)
     batch = hand_batch(tokenizer)
     shaped, keep, _ = reward_set.shape(torch.cat([HAND_REWARDS, torch.zeros(1, 4, extra)], -1))
     mask = batch.completion_mask.float()
-    old, ref, values = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature)
+    scores = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature)
+    old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
     advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
     loss_mask = mask * keep.reshape(-1, 1)
     sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1)  # [4]
@@ -125,7 +126,8 @@ def test_the_critic_trains_in_train_mode(make_cfg):
     critic.module.backbone.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     batch = hand_batch(tokenizer)
     mask = batch.completion_mask.float()
-    old, ref, values = score_rollouts(actor, reference, critic, batch, 8, 1.0)
+    scores = score_rollouts(actor, reference, critic, batch, 8, 1.0)
+    old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
     assert modes == [False]  # scoring: eval mode
     advantages, returns = ESTIMATORS["gae"].token_advantages(HAND_REWARDS, torch.ones(3), mask, values, None,
                                                              cfg.algo)
@@ -140,7 +142,8 @@ def test_critic_lr_defaults_to_the_model_preset(make_cfg):
 
 
 def test_log_probs_are_those_of_the_sampling_distribution(make_cfg):
-    from mrl.rollout import policy_forward, position_ids
+    from mrl.rollout import position_ids
+    from mrl.update import policy_forward
 
     cfg = make_cfg()
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
@@ -162,7 +165,7 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     # Every rollout is wrong and its efficiency (minus its length) varies: the raw rewards look live, but with
     # efficiency conditioned on correctness every shaped value is the gated one, so the update would train on
     # zeros.  Dynamic sampling must see these groups as dead.
-    from mrl.loop import collect
+    from mrl.collect import collect
     from mrl.rewards.channels import ChannelSpec, RewardSet
     from mrl.rollout import HFEngine
     from mrl.tasks import build_task
@@ -202,8 +205,8 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
         extra = len(reward_set.names) - HAND_REWARDS.shape[-1]
         shaped, keep, _ = reward_set.shape(torch.cat([HAND_REWARDS, torch.zeros(1, 4, extra)], -1))
         mask = batch.completion_mask.float()
-        old, ref, values = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature,
-                                          policy=old_pass)
+        scores = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature, policy=old_pass)
+        old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
         assert (old is None) == (not old_pass)
         advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
         trained = UpdateBatch(batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
@@ -222,18 +225,17 @@ def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
 def test_an_estimator_and_an_aggregation_are_one_registry_entry_each(monkeypatch, make_cfg, tmp_path):
     """A new estimator or aggregation is one entry (algo.advantage, algo.loss_agg name it; nothing else to edit):
     registered here at run time, they drive a step, value for value."""
-    from mrl.advantages import grpo_contributions, grpo_signal
-    from mrl.algos import Estimator
+    from mrl.advantages import estimator, grpo_contributions, grpo_signal
     from mrl.loop import train
     from mrl.losses import AGGREGATIONS, Aggregation, token_mean
 
+    monkeypatch.setitem(ESTIMATORS, "half_grpo", None)  # the entry below replaces it; removed after the test
+
+    @estimator("half_grpo", signal=grpo_signal, contributions=grpo_contributions)
     def half_grpo(rewards, weights, mask, values, kl_penalty, cfg):
         advantages, returns = ESTIMATORS["grpo"].token_advantages(rewards, weights, mask, values, kl_penalty, cfg)
         return advantages / 2, returns
 
-    monkeypatch.setitem(ESTIMATORS, "half_grpo", Estimator(half_grpo, grpo_contributions, group_relative=True,
-                                                           needs_critic=False, reward_kl=False,
-                                                           group_signal=grpo_signal))
     monkeypatch.setitem(AGGREGATIONS, "tokens_again", Aggregation(token_mean, per_token=True))
     monkeypatch.setitem(AGGREGATIONS, "tokens_per_sequence", Aggregation(token_mean, per_token=False))
 

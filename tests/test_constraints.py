@@ -10,8 +10,16 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mrl.advantages import dual_step, gdpo_advantages, gdpo_signal, grpo_advantages, grpo_signal, live_groups, mean_cost
-from mrl.algos import ESTIMATORS
+from mrl.advantages import (
+    ESTIMATORS,
+    dual_step,
+    gdpo_advantages,
+    gdpo_signal,
+    grpo_advantages,
+    grpo_signal,
+    live_groups,
+    mean_cost,
+)
 from mrl.config import UserError
 from mrl.loop import train
 from mrl.rewards.channels import ChannelSpec, RewardSet

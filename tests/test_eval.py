@@ -18,6 +18,7 @@ import torch
 from conftest import compose_config
 from matplotlib.figure import Figure
 
+from mrl.collect import Scored
 from mrl.config import UserError
 from mrl.episode import Episode, Prompt, ToolCall
 from mrl.evaluate import (
@@ -186,13 +187,14 @@ def test_pass_at_k_by_hand():
 NAN = float("nan")
 
 
-def scored(prompts: list[Prompt], rewards: list[list[float]], group_size: int) -> Rollouts:
+def scored(prompts: list[Prompt], rewards: list[list[float]], group_size: int) -> Scored:
     """Rollouts of `prompts` x `group_size` whose episodes and per-channel rewards are all the summary reads."""
     n = len(rewards)
     zeros = torch.zeros(n, 1, dtype=torch.long)
     episodes = [Episode(prompts[i // group_size], f"answer {i}", [], 1, False, 8, [ToolCall("calc", {"x": i})],
                         [f"answer {i}"]) for i in range(n)]
-    return Rollouts(zeros, zeros, zeros, zeros, zeros, episodes, group_size, torch.tensor(rewards))
+    failed = torch.zeros(n, len(rewards[0]), dtype=torch.bool)
+    return Scored(Rollouts(zeros, zeros, zeros, zeros, zeros, episodes, group_size), torch.tensor(rewards), failed)
 
 
 @pytest.fixture

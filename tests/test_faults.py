@@ -320,7 +320,7 @@ def test_a_crash_after_the_update_saves_no_checkpoint_of_weights_that_moved_on(r
 # ---- disk full ---------------------------------------------------------------------------------------------------
 
 def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(run, monkeypatch):
-    from mrl.engine import Trainable
+    from mrl.trainable import Trainable
 
     def no_space(self, directory):
         (directory / "optimizer.pt").write_bytes(b"half a file")

@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 
 import mrl.loop
 from mrl.config import UserError
-from mrl.engine import OPTIMIZER_FILE
 from mrl.evaluate import evaluate
 from mrl.export import export
 from mrl.loop import train
@@ -23,6 +22,7 @@ from mrl.lora import load_policy
 from mrl.models import Actor, cache_kwarg, checkpointed, load_causal_lm, resolve_model_path
 from mrl.restore import merged_policy, trained_weights
 from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.trainable import OPTIMIZER_FILE
 
 CPU = torch.device("cpu")
 # lr 1e-2: adapters move enough in two steps for the merged model to differ visibly from the base.
@@ -318,17 +318,17 @@ def test_gradient_checkpointing_reaches_the_adapters():
 
 def test_a_half_precision_device_loads_the_frozen_base_in_half(monkeypatch):
     """On a GPU with model.dtype=bfloat16 (emulated on CPU here), only the adapters need float32 masters."""
-    import mrl.engine
     import mrl.lora
     import mrl.models
-    from mrl.engine import Trainable
+    import mrl.trainable
     from mrl.precision import DTYPES, Precision
+    from mrl.trainable import Trainable
 
     def gpu_like(dtype: str, device: torch.device) -> Precision:
         wanted = DTYPES[dtype]
         return Precision(compute=None if wanted == torch.float32 else wanted, export=wanted)
 
-    for module in (mrl.engine, mrl.lora, mrl.models):
+    for module in (mrl.trainable, mrl.lora, mrl.models):
         monkeypatch.setattr(module, "precision_for", gpu_like)
     cfg = compose_config("model.dtype=bfloat16", "model.lora.r=4")
     policy = load_policy(cfg.model, resolve_model_path(cfg.model), CPU)

@@ -20,12 +20,12 @@ from mrl.rollout import (
     Sampling,
     end_token_ids,
     generate,
-    policy_forward,
     position_ids,
     prompt_cache,
     prompt_layout,
     shared_prefix_length,
 )
+from mrl.update import policy_forward
 
 CPU = torch.device("cpu")
 PAD, EOS = 0, 1

@@ -14,7 +14,7 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from torch.testing import assert_close
 
-from mrl.algos import ESTIMATORS
+from mrl.advantages import ESTIMATORS
 from mrl.config import RewardsConfig, UserError
 from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
 from mrl.episode import Episode, Prompt, ToolCall

@@ -9,7 +9,8 @@ from torch.testing import assert_close
 from mrl.episode import Episode, Prompt
 from mrl.models import Actor, load_causal_lm, resolve_model_path
 from mrl.protocols import WordsProtocol
-from mrl.rollout import Rollouts, Sampling, generate, policy_forward, position_ids
+from mrl.rollout import Rollouts, Sampling, generate, position_ids
+from mrl.update import policy_forward
 
 CPU = torch.device("cpu")
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
@@ -139,7 +140,7 @@ def test_concat_pads_completions_to_min_width():
 
 def test_lockstep_batch_grows_to_the_largest_ranks_rows_and_width(monkeypatch):
     from mrl import distributed as dist
-    from mrl.loop import lockstep_batch
+    from mrl.collect import lockstep_batch
 
     # This rank holds 2 rollouts 1 token wide; the largest rank holds 3 rows 2 tokens wide.
     monkeypatch.setattr(dist, "max_over_ranks", lambda value: {2: 3, 1: 2}[value])

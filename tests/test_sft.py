@@ -217,7 +217,7 @@ def test_the_sft_loss_is_the_token_mean_nll_of_the_written_tokens_by_the_models_
     model = load_causal_lm(hermes.name_or_path, compose_sft().model, CPU)
     actor = Actor(model).eval()
     batch = batch_of(rows, hermes.pad_token_id, CPU)
-    from mrl.rollout import policy_forward
+    from mrl.update import policy_forward
 
     with torch.no_grad():
         logprobs, _, _ = policy_forward(actor, batch)
@@ -265,7 +265,7 @@ def test_a_resumed_sft_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_init_from_loads_exactly_the_checkpoints_weights(tmp_path):
-    from mrl.algos import ESTIMATORS
+    from mrl.advantages import ESTIMATORS
     from mrl.loop import build_models
     from mrl.restore import merged_policy
 

@@ -1,7 +1,7 @@
 """The update phase (mrl.update.update) on a hand-built batch: its gradient against the loss written out by hand.
 
 AdamW's first step ignores the loss's scale, so "the weights moved" cannot see a wrong denominator, a wrong sign or
-a wrong bound; the gradient can.  A stand-in for mrl.engine.Trainable records the gradient at each optimizer step
+a wrong bound; the gradient can.  A stand-in for mrl.trainable.Trainable records the gradient at each optimizer step
 instead of stepping, and the expected gradient comes from one plain forward of the whole batch (the model's own
 logits, log-softmax, the formulas below), float64 so that the comparison is tight.  Then what the real optimizer
 does with it: the entropy bonus raises the entropy, KL in the loss pulls toward the reference, and clipping binds
@@ -17,15 +17,15 @@ import torch
 from conftest import compose_config
 
 from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
-from mrl.rollout import Rollouts, policy_forward
-from mrl.update import UpdateBatch, micro_loss, update
+from mrl.rollout import Rollouts
+from mrl.update import UpdateBatch, micro_loss, policy_forward, update
 
 N, P, T = 6, 3, 5
 LENGTHS = [5, 2, 4, 1, 3, 5]  # generated tokens per rollout: unequal, so seq_mean and token_mean differ
 
 
 class GradCapture:
-    """mrl.engine.Trainable's contract for `update`: records the gradient at each step instead of stepping."""
+    """mrl.trainable.Trainable's contract for `update`: records the gradient at each step instead of stepping."""
 
     def __init__(self, module):
         self.module = module
@@ -218,9 +218,9 @@ def test_micro_loss_is_the_number_worked_out_by_hand(agg, denom, head):
 
 
 def real_update(policy, *overrides: str, reference=None, advantages_scale: float = 0.0):
-    """Two optimizer steps (AdamW, mrl.engine.Trainable) on the hand-built batch with zero advantages (unless
+    """Two optimizer steps (AdamW, mrl.trainable.Trainable) on the hand-built batch with zero advantages (unless
     scaled): only the entropy bonus or the KL move the policy.  Returns the update's metrics sums."""
-    from mrl.engine import Trainable
+    from mrl.trainable import Trainable
 
     cfg = compose_config("trainer.micro_batch_size=3", "trainer.lr=0.01", *overrides)
     batch, mask = hand_batch()

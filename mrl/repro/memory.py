@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from mrl.algos import ESTIMATORS
+from mrl.advantages import ESTIMATORS
 from mrl.config import CONF_DIR
 from mrl.models import load_causal_lm, resolve_model_path
 from mrl.repro.common import REPORTS, markdown_table, scale_overrides, write_csv, write_summary

@@ -1,4 +1,5 @@
-"""Build the reward channels from config, score episodes per channel, and apply conditions and constraints.
+"""Build the reward channels from config, score episodes per channel, and hand them to the shaping maths
+(mrl/shaping.py: conditions and constraints) with the channels' settings.
 
 Rewards stay per channel, a [B, G, K] tensor, until the advantage step: GDPO, conditioned rewards, dead-group
 detection and per-channel logging all need the channels apart.
@@ -16,10 +17,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from mrl.advantages import dual_step, live_groups, mean_cost
-from mrl.algos import Estimator
-from mrl.config import Bound, UserError
+from mrl.advantages import Estimator, dual_step, live_groups, mean_cost
+from mrl.config import Bound, ChannelConfig, UserError, schema_bounds
 from mrl.episode import Episode
+from mrl.shaping import condition, drop, veto, violations
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class RewardSet:
         self.prices.update({name: float(v) for name, v in (saved or {}).items() if name in self.prices})
 
     def live(self, shaped: Tensor, estimator: Estimator) -> Tensor:
-        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (an mrl.algos.Estimator) a
+        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (mrl.advantages) a
         non-zero advantage, at the weights the advantage uses (mrl.advantages.live_groups).  The algorithm's shaping
         channels (overlong) are left out: a group is not live because its rollouts differ in length shaping alone."""
         task = self.task_channels
@@ -148,39 +149,27 @@ class RewardSet:
         return rewards, failed
 
     def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
-        """Apply conditions (GDPO Eq. 8) and enforced constraints, rollout by rollout (no batch statistic).
+        """The channels' conditions (GDPO Eq. 8) and enforced constraints (veto, drop), rollout by rollout: the
+        maths is mrl.shaping's; this hands it the channels' settings and names the statistics.
 
-        rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats).
-        A gated channel pays r_k where its condition holds and its fixed `gated_value` elsewhere (GDPO Eq. 8:
-        correctness [1, 0, 1, 0], length [1, 1, 1, 1] -> gated length [1, 0, 1, 0]).  A veto closes every other
-        channel's gate for a violator (each pays its gated_value; the constraint keeps its own value); a drop
-        removes the violator from the losses (it still counts in its group's baseline: it was sampled from the
-        policy like the others).  An abstention (NaN) on the conditioning channel gates; on a constraint it is no
-        violation.
+        rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats:
+        condition/<ch>/gated_frac, constraint/<ch>/{violation,veto,drop}_frac).
         """
-        shaped = rewards.clone()
-        keep = torch.ones(rewards.shape[:2], dtype=torch.bool)
-        stats: dict[str, float] = {}
-        gated = torch.tensor([s.gated_value for s in self.specs], dtype=rewards.dtype)  # [K]
-        for k, spec in enumerate(self.specs):
-            if spec.condition_on is not None:
-                passed = rewards[..., self.names.index(spec.condition_on)] >= spec.threshold  # [B, G]
-                shaped[..., k] = torch.where(passed, rewards[..., k], gated[k])
-                stats[f"condition/{spec.name}/gated_frac"] = (~passed).float().mean().item()
-        for k, spec in enumerate(self.specs):
-            if spec.kind != "constraint" and spec.enforce is None:
-                continue
-            violated = rewards[..., k] < spec.violation_below  # [B, G]
-            stats[f"constraint/{spec.name}/violation_frac"] = violated.float().mean().item()
-            if spec.enforce in (None, "budget"):  # a budget prices the cost in the advantage (its weight)
-                continue
-            if spec.enforce == "veto":
-                vetoed = torch.where(violated[..., None], gated, shaped)  # every gate closed for a violator
-                vetoed[..., k] = shaped[..., k]  # the constraint keeps the value that shows the violation
-                shaped = vetoed
-            else:
-                keep &= ~violated
-            stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated.float().mean().item()
+        column = lambda values, dtype=rewards.dtype: torch.tensor(values, dtype=dtype)  # noqa: E731
+        specs = self.specs
+        on = column([self.names.index(s.condition_on) if s.condition_on is not None else -1 for s in specs], torch.long)
+        gated = column([s.gated_value for s in specs])  # [K]
+        shaped, passed = condition(rewards, on, column([s.threshold for s in specs]), gated)
+        violated = violations(rewards, column([s.violation_below for s in specs]))  # [B, G, K]
+        shaped = veto(shaped, violated, column([s.enforce == "veto" for s in specs], torch.bool), gated)
+        keep = drop(violated, column([s.enforce == "drop" for s in specs], torch.bool))
+        stats = {f"condition/{s.name}/gated_frac": (~passed[..., k]).float().mean().item()
+                 for k, s in enumerate(specs) if s.condition_on is not None}
+        for k, spec in enumerate(specs):
+            if spec.kind == "constraint" or spec.enforce is not None:
+                stats[f"constraint/{spec.name}/violation_frac"] = violated[..., k].float().mean().item()
+            if spec.enforce in ("veto", "drop"):
+                stats[f"constraint/{spec.name}/{spec.enforce}_frac"] = violated[..., k].float().mean().item()
         return shaped, keep, stats
 
 
@@ -282,7 +271,7 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
     return RewardSet(specs)
 
 
-CHANNEL_BOUNDS = [Bound("weight"), Bound("threshold"), Bound("gated_value"), Bound("violation_below")]
+CHANNEL_BOUNDS = schema_bounds("", ChannelConfig)  # weight, violation_below, threshold, gated_value: finite
 
 
 def check(cfg) -> None:
