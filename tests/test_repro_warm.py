@@ -59,6 +59,16 @@ def test_the_fingerprint_counts_the_sft_preset():
         "conf/algo/gdpo.yaml", "conf/algo/grpo.yaml", "conf/rewards/bfcl.yaml", "conf/sft.yaml", "conf/train.yaml"]
 
 
+def test_bfcl_eval_per_category_keeps_the_first_of_each():
+    from mrl.tasks.bfcl import BfclTask
+
+    every = BfclTask(["simple_python", "parallel"])
+    some = BfclTask(["simple_python", "parallel"], eval_per_category=3)
+    firsts = [[e["id"] for e in every.eval if e["category"] == c][:3] for c in ("simple_python", "parallel")]
+    assert [e["id"] for e in some.eval] == firsts[0] + firsts[1]
+    assert some.train == every.train  # the train split is untouched
+
+
 # ---- fake runs: what `mrl sft` and `mrl train -m` would leave ------------------------------------------------------
 
 def fake_checkpoint(run_dir: Path, step: int, payload: bytes = b"weights") -> None:
