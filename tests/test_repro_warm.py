@@ -351,3 +351,13 @@ def test_paper_bfcl_end_to_end_on_smollm2(reports, monkeypatch):
     assert any(v in summary for v in ("**Verdict: HELD.**", "**Verdict: NOT HELD.**", "**Verdict: NOT RESOLVED.**"))
     assert len(warm_csv(reports / "paper" / "bfcl" / "bfcl_evals.csv")) == 8  # 4 runs x steps 0 and 2
     assert (reports / "paper" / "bfcl" / "report.html").exists()
+
+
+def test_eval_at_start_false_skips_only_step_zero(make_cfg, tmp_path):
+    """Runs from one warm start repeat its evaluation at step 0 (greedy, the same weights): skipped, the rest kept."""
+    from mrl.loop import train
+    from mrl.tracking import METRICS_FILE, read_metrics
+
+    train(make_cfg("trainer.eval_every=1", "trainer.eval_prompts=2", "trainer.eval_at_start=false"), tmp_path)
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [r["step"] for r in records if any(k.startswith("eval/") for k in r)] == [1, 2]
