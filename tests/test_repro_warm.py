@@ -334,22 +334,22 @@ def test_paper_settings_default_to_bfcl(monkeypatch):
 @pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason="run `make smollm2` first")
 def test_paper_bfcl_end_to_end_on_smollm2(reports, monkeypatch):
     """The BFCL setting for real at toy size: SmolLM2, a 2-step warm start, both arms x 2 seeds of 2 steps from it,
-    4 held-out records; the summary, CSVs and figure written, every arm from the warm start's weights."""
+    one held-out record per category; the summary, CSVs and figure written, every arm from the warm start's weights."""
     from mrl.repro import paper_bfcl
 
     monkeypatch.chdir(SMOLLM2.parent.parent)
-    model, sft, _ = paper_bfcl.SIZES["cpu"]
+    model = paper_bfcl.SIZES["cpu"][0]
     tiny_rl = ["trainer.max_steps=2", "trainer.eval_every=2", "trainer.prompts_per_step=1", "trainer.group_size=2",
                "trainer.micro_batch_size=2", "trainer.lr=3e-6"]
-    monkeypatch.setitem(paper_bfcl.SIZES, "cpu", (model, ["sft.steps=2", "sft.batch_size=2"], tiny_rl))
+    tiny_sft = ["sft.steps=2", "sft.batch_size=2", "sft.micro_batch_size=2", "trainer.eval_at_start=false"]
+    monkeypatch.setitem(paper_bfcl.SIZES, "cpu", (model, 1, tiny_sft, tiny_rl))  # 3 held-out records
     monkeypatch.setitem(paper_bfcl.MAX_NEW_TOKENS, "cpu", 32)
-    monkeypatch.setattr(paper_bfcl, "HELD_OUT", 4)
     monkeypatch.setattr(paper_bfcl, "SEEDS", "0,1")
     paper_bfcl.main()
     summary = (reports / "paper" / "bfcl" / "summary.md").read_text()
     assert "Every arm started from the warm start's weights" in summary
     assert any(v in summary for v in ("**Verdict: HELD.**", "**Verdict: NOT HELD.**", "**Verdict: NOT RESOLVED.**"))
-    assert len(warm_csv(reports / "paper" / "bfcl" / "bfcl_evals.csv")) == 8  # 4 runs x steps 0 and 2
+    assert len(warm_csv(reports / "paper" / "bfcl" / "bfcl_evals.csv")) == 4  # 4 runs x step 2 (0: the start's)
     assert (reports / "paper" / "bfcl" / "report.html").exists()
 
 

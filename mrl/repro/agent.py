@@ -44,14 +44,16 @@ CPU_GYM = ["rewards.task.max_user_turns=2", "rewards.task.gold_functions_only=tr
 # scale -> (model, task, SFT, RL, shared trainer overrides, held-out entries)
 SIZES = {
     "cpu": (["model=smollm2_local"], CPU_GYM + ["rewards.task.max_eval_entries=4"],
-            ["sft.epochs=1", "sft.batch_size=2", "sft.micro_batch_size=1", "sft.lr=2e-5", "sft.max_seq_len=2048"],
+            ["sft.epochs=1", "sft.batch_size=2", "sft.micro_batch_size=1", "sft.lr=2e-5", "sft.max_seq_len=2048",
+             "trainer.eval_at_start=false"],
             ["trainer.max_steps=2", "trainer.eval_every=0", "trainer.prompts_per_step=1", "trainer.group_size=4",
              "trainer.micro_batch_size=4", "trainer.lr=1e-5", "trainer.temperature=0.7", "algo.max_gen_batches=2"],
             ["trainer.max_new_tokens=128", "trainer.max_tool_tokens=256"], 4),
     "gpu": ([], ["rewards.task.max_eval_entries=40"],
             ["sft.epochs=1", "sft.batch_size=8", "sft.micro_batch_size=2", "sft.lr=1e-5", "sft.max_seq_len=8192"],
-            ["trainer.max_steps=120", "trainer.eval_every=30", "trainer.prompts_per_step=8", "trainer.group_size=8",
-             "trainer.micro_batch_size=8", "trainer.lr=1e-6", "trainer.temperature=1.0"],
+            ["trainer.max_steps=120", "trainer.eval_every=30", "trainer.eval_at_start=false",
+             "trainer.prompts_per_step=8", "trainer.group_size=8", "trainer.micro_batch_size=8", "trainer.lr=1e-6",
+             "trainer.temperature=1.0"],
             ["trainer.max_new_tokens=768", "trainer.max_tool_tokens=512"], 40),
 }
 FINAL = "eval_final"  # each run's final checkpoint scored by `mrl eval`, into RUN_DIR/eval_final/

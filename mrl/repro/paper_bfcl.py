@@ -5,8 +5,9 @@ The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, format (th
 declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format
 76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
 two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
-before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; every
-held-out record of the three categories scored greedy at the start and every `eval_every` steps.  gdpo_conditioned
+before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; the
+held-out records (SCALE=gpu: all 170; SCALE=cpu: the first 8 of each category, what 2 cores afford) scored greedy at
+the start (the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  gdpo_conditioned
 does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
@@ -27,17 +28,17 @@ NAME = "paper/bfcl"
 CATEGORIES = ("simple_python", "multiple", "parallel")
 ARMS = ("grpo", "gdpo")
 SEEDS = "0,1,2"
-HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20): all of them
+HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
 TASK = ["rewards=bfcl", f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
 KEYS = ["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/accuracy" for c in CATEGORIES]
-# scale -> (model overrides, SFT overrides, RL overrides); the model's own keys come first (see `plan`)
+# scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
-    "cpu": (["model=smollm2_local"],
-            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=2e-5"],
-            ["trainer.max_steps=12", "trainer.eval_every=6", "trainer.prompts_per_step=2", "trainer.group_size=6",
-             "trainer.micro_batch_size=12", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
-    "gpu": ([],
+    "cpu": (["model=smollm2_local"], 8,
+            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5", "trainer.eval_at_start=false"],
+            ["trainer.max_steps=8", "trainer.eval_every=4", "trainer.prompts_per_step=2", "trainer.group_size=6",
+             "trainer.micro_batch_size=6", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
+    "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
              "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
@@ -55,13 +56,15 @@ def scale() -> str:
 def plan(at: str | None = None) -> warm.Plan:
     """Every command of the setting at `at` (default: $SCALE), built without running anything."""
     at = at or scale()
-    model, sft, rl = SIZES[at]
+    model, per_category, sft, rl = SIZES[at]
     model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
-    shared = [*model, *TASK, f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={HELD_OUT}"]
-    thinking = warm.has_thinking(model)
-    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*shared, *sft, "trainer.seed=0"), train=(*shared, *rl),
+    prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
+    shared = [*model, *TASK, f"rewards.task.eval_per_category={per_category}",
+              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}"]
+    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*shared, *sft, "trainer.seed=0"),
+                     train=(*shared, *rl, "trainer.eval_at_start=false"),
                      sweeps=(warm.Sweep("arms", (f"algo={','.join(ARMS)}", f"trainer.seed={SEEDS}")),),
-                     thinking=thinking, eval_prompts=HELD_OUT)
+                     thinking=warm.has_thinking(model), eval_prompts=prompts)
 
 
 def arm_of(run) -> str:
@@ -109,8 +112,10 @@ def main() -> None:
               "and format (the GDPO paper's first setting, Table 1).",
         setup=f"`make repro-paper`{'' if scale() == 'cpu' else f' (SCALE={scale()})'}:\n\n```\n"
               + "\n".join(the_plan.commands()) + "\n```\n\n"
-              f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on every one of "
-              f"their {HELD_OUT} held-out records. Table: each arm's last evaluation, mean ± standard error over "
+              f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
+              + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"
+                 if the_plan.eval_prompts < HELD_OUT else f"every one of their {HELD_OUT} held-out records")
+              + ". Table: each arm's last evaluation, mean ± standard error over "
               f"seeds {SEEDS}; start = the warm start's own evaluation (every arm's step 0). Verdict per channel: "
               "HELD when GDPO - GRPO exceeds two standard errors of the difference, NOT HELD below minus two, "
               f"NOT RESOLVED within. Interactive curves and every metric as CSV: `{html.relative_to(REPORTS.parent)}` "
