@@ -35,7 +35,8 @@ KEYS = ["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/accuracy" for c in CA
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
     "cpu": (["model=smollm2_local"], 8,
-            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5", "trainer.eval_at_start=false"],
+            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
+             "trainer.eval_at_start=false"],
             ["trainer.max_steps=8", "trainer.eval_every=4", "trainer.prompts_per_step=2", "trainer.group_size=6",
              "trainer.micro_batch_size=6", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
     "gpu": ([], 0,
