@@ -37,7 +37,7 @@ SIZES = {
     "cpu": (["model=smollm2_local"], 8,
             ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
-            ["trainer.max_steps=8", "trainer.eval_every=4", "trainer.prompts_per_step=2", "trainer.group_size=6",
+            ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.prompts_per_step=2", "trainer.group_size=6",
              "trainer.micro_batch_size=6", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
     "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
