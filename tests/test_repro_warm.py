@@ -301,6 +301,8 @@ def test_every_command_of_the_plan_composes(target, scale, monkeypatch):
     if plan.thinking:  # Qwen3: each final checkpoint scored with thinking off and on
         think = plan.thinking_args(Path("run"), True)
         assert think[:2] == ["eval", "run"] and "model.chat_template_kwargs.enable_thinking=true" in think
+        assert f"trainer.max_new_tokens={plan.thinking_tokens}" in think  # room for the thoughts
+        assert "enable_thinking=false" in plan.commands()[-2] and "enable_thinking=true" in plan.commands()[-1]
     assert all(line.startswith("mrl ") for line in plan.commands())
 
 

@@ -48,6 +48,7 @@ class Plan:
     sweeps: tuple[Sweep, ...]
     thinking: bool = False  # the model has a thinking switch (Qwen3's enable_thinking)
     eval_prompts: int = 0  # held-out prompts the thinking holdouts score
+    thinking_tokens: int = 2048  # new tokens a reply may take with thinking on (the thoughts come first)
     extra: dict[str, Any] = field(default_factory=dict)  # what the target's summary says of its sizes
 
     @property
@@ -63,14 +64,15 @@ class Plan:
 
     def thinking_args(self, run_dir: Path, thinking: bool) -> list[str]:
         flag = str(thinking).lower()
+        budget = [f"trainer.max_new_tokens={self.thinking_tokens}"] if thinking else []
         return ["eval", str(run_dir), "--prompts", str(self.eval_prompts), "--samples", "0", "--out",
-                str(run_dir / f"eval_thinking_{flag}"), f"model.chat_template_kwargs.enable_thinking={flag}"]
+                str(run_dir / f"eval_thinking_{flag}"), f"model.chat_template_kwargs.enable_thinking={flag}", *budget]
 
     def commands(self) -> list[str]:
         """The command lines as the summary prints them (the thinking holdouts, per run, after the sweeps)."""
         lines = [show(self.sft_args())] + [show(self.sweep_args(s)) for s in self.sweeps]
         if self.thinking:
-            lines.append(show(self.thinking_args(Path("<each run dir>"), False)) + "   # and =true")
+            lines += [show(self.thinking_args(Path("<each run dir>"), flag)) for flag in (False, True)]
         return lines
 
 
