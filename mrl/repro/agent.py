@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
 
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, Run, combined_verdict, markdown_table, two_se_verdict, write_summary
+from mrl.rundir import CHECKPOINTS
 
 NAME = "agent"
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]
@@ -86,10 +88,6 @@ def final_args(the_plan: warm.Plan, run_dir: Path) -> list[str]:
 
 def final_evals(the_plan: warm.Plan, runs: list[Run]) -> None:
     """Score each run's final checkpoint (one `mrl eval` process at a time), then free its disk."""
-    import shutil
-
-    from mrl.rundir import CHECKPOINTS
-
     for run in runs:
         warm.mrl(final_args(the_plan, run.path))
         if not the_plan.thinking:

@@ -16,6 +16,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from mrl.repro import paper_bfcl
 from mrl.repro.common import REPORTS, markdown_table, multirun, read_csv, sweep_command, write_csv, write_summary
 from mrl.repro.plots import plot_band, pyplot, save_curves
 
@@ -99,8 +100,6 @@ def main() -> None:
     """Run the chosen settings; a setting not chosen keeps the rows (paper.csv) and figure of its last run."""
     bfcl, chosen = chosen_settings()
     if bfcl:
-        from mrl.repro import paper_bfcl
-
         paper_bfcl.main()
     if chosen:
         toy_settings(chosen)

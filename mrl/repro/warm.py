@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -21,9 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from mrl.config import CONF_DIR, UserError
+from mrl.report import find_runs, write_html_report
 from mrl.repro.common import Run, mean_se, read_runs, write_csv
-from mrl.rundir import CHECKPOINTS, LINEAGE_FILE
+from mrl.repro.plots import pyplot, save_curves
+from mrl.rundir import CHECKPOINTS, LINEAGE_FILE, intact_checkpoint
 from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.warm_start import lineage
 
 WARM_FILE = "warm_start.json"  # beside the warm start's run dir: the arguments that made it, its weights' sha256
 QUIET = ["logger=none", "logger.log_every=1"]
@@ -79,17 +86,12 @@ class Plan:
 def gpu_model(default: str) -> list[str]:
     """The model overrides at SCALE=gpu: GPU_MODEL (a conf/model preset; `default` unless set) at MODEL (a local
     dir; the preset's own name_or_path, a hub name, unless set)."""
-    import os
-
     preset = os.environ.get("GPU_MODEL", default)
     return [f"model={preset}"] + ([f"model.name_or_path={os.environ['MODEL']}"] if os.environ.get("MODEL") else [])
 
 
 def has_thinking(model: list[str]) -> bool:
     """Whether the model preset `model=...` names has a thinking switch (chat_template_kwargs.enable_thinking)."""
-    from omegaconf import OmegaConf
-
-    from mrl.config import CONF_DIR
 
     preset = next(o.split("=", 1)[1] for o in model if o.startswith("model="))
     kwargs = OmegaConf.load(CONF_DIR / "model" / f"{preset}.yaml").get("chat_template_kwargs") or {}
@@ -110,9 +112,6 @@ def mrl(args: list[str]) -> None:
 def intact_warm_start(plan: Plan) -> dict[str, Any] | None:
     """What warm_start.json recorded, when the warm start there was made by this plan's `mrl sft` arguments and its
     newest checkpoint is intact (every file matches its sha256) with the policy weights it recorded; else None."""
-    from mrl.config import UserError
-    from mrl.rundir import intact_checkpoint
-    from mrl.warm_start import lineage
 
     record = plan.root / WARM_FILE
     if not record.exists():
@@ -130,8 +129,6 @@ def intact_warm_start(plan: Plan) -> dict[str, Any] | None:
 def ensure_warm_start(plan: Plan) -> tuple[dict[str, Any], bool]:
     """(warm_start.json's record, whether it was reused): the plan's warm start, made by `mrl sft` unless an intact
     one made by the same arguments is there (a damaged, partial or differently made one is made again)."""
-    from mrl.rundir import intact_checkpoint
-    from mrl.warm_start import lineage
 
     recorded = intact_warm_start(plan)
     if recorded is not None:
@@ -246,7 +243,6 @@ def write_tables(out_dir: Path, stem: str, runs: list[Run], arm_of, keys: list[s
 def plot_curves(path: Path, runs: list[Run], arm_of, keys: list[str], start: dict[str, Any], title: str) -> None:
     """A panel per held-out key: each arm's mean over seeds at each evaluation, ± one standard error shaded, from
     the warm start's value at step 0."""
-    from mrl.repro.plots import pyplot, save_curves
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.3), squeeze=False)
@@ -275,7 +271,6 @@ def plot_curves(path: Path, runs: list[Run], arm_of, keys: list[str], start: dic
 
 def write_html(plan: Plan, out: Path, title: str) -> Path:
     """report.html of the warm start and every sweep (mrl.report: one held-out curve across the stages)."""
-    from mrl.report import find_runs, write_html_report
 
     dirs = [plan.warm_dir] + [plan.root / s.name for s in plan.sweeps]
     return write_html_report(find_runs([d for d in dirs if d.exists()]), out, title=title)
