@@ -91,7 +91,7 @@ def main() -> None:
     thinking = warm.thinking_holdouts(the_plan, runs)
     origin = warm.start_numbers(the_plan)
     table = warm.write_tables(out, "bfcl", runs, arm_of, KEYS, origin)
-    warm.plot_curves(out / "bfcl.png", runs, arm_of, KEYS, origin, "BFCL held-out (greedy, every record), mean ± SE")
+    warm.plot_curves(out / "bfcl.png", runs, arm_of, KEYS, origin, "BFCL held-out (greedy), mean ± SE over seeds")
     html = warm.write_html(the_plan, out / "report.html", "repro-paper: GRPO vs GDPO on BFCL from one warm start")
     header = ["arm", *(k.removeprefix("eval/") for k in KEYS)]
     numbers = markdown_table(header, [["start (warm start)", *(warm.cell([origin[k]] if origin.get(k) is not None
