@@ -174,12 +174,18 @@ repro-trainers: $(STAMP) ## The seven presets x 3 seeds as one multirun: curves,
 repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs gdpo x 3 seeds: where each switches (~15 min)
 	$(BIN)/python -m mrl.repro.weights
 
-repro-paper: $(STAMP) ## The GDPO paper's three settings (tool_call, math_length, code), grpo vs gdpo x 3 seeds (~35 min alone)
+# repro-paper: the BFCL setting (a warm start, then grpo vs gdpo x 3 seeds from it; SCALE=cpu: SmolLM2), or the toy
+# ones (SETTINGS=toy: tool_call, math_length, code on the tiny model, ~35 min alone).  Sizes: docs/reproductions.md.
+repro-paper: export MALLOC_MMAP_THRESHOLD_ = 4294967296
+repro-paper: export MALLOC_TRIM_THRESHOLD_ = 68719476736
+repro-paper: $(STAMP) ## The GDPO paper's BFCL setting from one warm start, grpo vs gdpo x 3 seeds (SCALE=cpu: SmolLM2, ~60 min on quiet cores, estimated; SETTINGS=toy: the toy ones)
+	@[ "$$SCALE" != cpu ] || [ -n "$$SETTINGS" -a "$${SETTINGS#*bfcl}" = "$$SETTINGS" ] || [ -f $(SMOLLM2)/model.safetensors ] \
+		|| $(MAKE) smollm2
 	$(BIN)/python -m mrl.repro.paper
 
 repro-agent: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 repro-agent: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-repro-agent: $(STAMP) ## The seven presets x 3 seeds on the BFCL multi-turn gym, held-out table, report.html (SCALE=cpu: SmolLM2, ~90 min)
+repro-agent: $(STAMP) ## A warm start (SFT on multi-turn demonstrations), then the seven presets x 3 seeds on the BFCL multi-turn gym (SCALE=cpu: SmolLM2, ~75 min on quiet cores, estimated)
 	@[ "$$SCALE" != cpu ] || [ -f $(SMOLLM2)/model.safetensors ] || $(MAKE) smollm2
 	$(BIN)/python -m mrl.repro.agent
 

@@ -313,6 +313,9 @@ class TrainerConfig:
                                         "it off")
     eval_prompts: int = bounded(32, 1, fix="held-out prompts scored at each evaluation (32 by default)")
     eval_samples: int = bounded(0, 0, fix="sampled episodes per held-out prompt, for pass@k; 0 scores greedy only")
+    # false: skip step 0's evaluation, where it repeats one already made (runs from one warm start, greedy: the warm
+    # start's own evaluation is every run's step 0; the reproductions draw it from there).
+    eval_at_start: bool = True
     # The held-out evaluation generates in chunks of at most this many rows x (prompt + max_new_tokens) tokens,
     # prompts of like length together (mrl.evaluate.in_chunks): its KV cache stays within about this many tokens'
     # worth (SmolLM2-135M: 46 KB a token, 0.75 GB at 16384) whatever trainer.eval_prompts is.

@@ -272,8 +272,9 @@ def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
 
 
 def log_base_eval(cfg: DictConfig, run: Run) -> None:
-    """Step 0's record in metrics.jsonl and W&B: the held-out evaluation of the model before training, if any."""
-    metrics = eval_if_due(cfg, run, 0)
+    """Step 0's record in metrics.jsonl and W&B: the held-out evaluation of the model before training, if any (and
+    not skipped: trainer.eval_at_start=false)."""
+    metrics = eval_if_due(cfg, run, 0) if cfg.trainer.eval_at_start else {}
     if metrics:
         run.metrics_file.log({"step": 0, **metrics})
         if run.wandb is not None:

@@ -91,7 +91,7 @@ def sft_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                         run_identity(cfg))
 
     try:
-        if run.state["step"] == 0:
+        if run.state["step"] == 0 and cfg.trainer.eval_at_start:
             log(run, {"step": 0, **run.evaluate()})  # the starting model's held-out score
         for step in range(run.state["step"] + 1, run.steps + 1):
             stop.defer()  # a signal waits for the step's end: weights, logs and checkpoint agree

@@ -320,21 +320,10 @@ def test_answer_prefix_starts_the_first_reply_of_every_user_turn(hermes):
 
 
 
-def test_repro_agent_cpu_settings_compose_for_every_preset(monkeypatch):
-    from mrl import models
-    from mrl.repro.agent import PRESETS, SCALES, SWEEPS
-    from mrl.validation import validate
+def test_repro_agent_sweeps_cover_every_preset():
+    from mrl.repro.agent import PRESETS, SWEEPS
 
-    if not (SMOLLM2 / "config.json").exists():  # the model dir exists once `make smollm2` built it; values checked
-        monkeypatch.setattr(models, "check", lambda cfg: None)
-
-    assert sorted(p for _, presets, _ in SWEEPS for p in presets) == sorted(PRESETS)
-    for _, presets, own in SWEEPS:
-        for preset in presets:
-            cfg = compose_config("rewards=bfcl_agent", f"algo={preset}", *own["cpu"], *SCALES["cpu"], shrink=False)
-            validate(cfg)
-            assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the held-out curve ends on the last step
-    assert cfg.rewards.task.answer_prefix == '<tool_call>{"name": "'
+    assert sorted(p for _, presets, _ in SWEEPS for p in presets) == sorted(PRESETS)  # composed: test_repro_warm.py
 
 
 @pytest.mark.slow
@@ -342,11 +331,12 @@ def test_repro_agent_cpu_settings_compose_for_every_preset(monkeypatch):
 def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
     """SmolLM2-135M-Instruct on BFCL multi-turn entries through the whole loop: rollouts in its chat format, the
     worlds' results in its transcripts, the channels scored, held-out evaluation before and after one step."""
-    from mrl.repro.agent import SCALES
+    from mrl.repro.agent import plan
     from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
 
     monkeypatch.chdir(SMOLLM2.parent.parent)  # model.name_or_path is relative to the repository
-    cfg = compose_config("rewards=bfcl_agent", "algo=gdpo", *SCALES["cpu"], "trainer.max_steps=1",
+    prefix = "rewards.task.answer_prefix='<tool_call>{\"name\": \"'"
+    cfg = compose_config("algo=gdpo", *plan("cpu").train, "rewards.task.fewshot=1", prefix, "trainer.max_steps=1",
                          "trainer.eval_every=1", "trainer.eval_prompts=2", "logger=none", "logger.samples_every=1",
                          shrink=False)
     train(cfg, tmp_path)

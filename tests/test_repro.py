@@ -108,7 +108,9 @@ def test_paper_reruns_one_setting_and_keeps_the_others(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ reports from the presets of the day
 
 REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
-SUMMARIES = sorted(p.parent.name for p in REPORTS_DIR.glob("*/summary.md"))
+# reports/<name>/summary.md, and a setting's own (reports/paper/bfcl/summary.md); never one inside a run dir
+SUMMARIES = sorted(p.parent.relative_to(REPORTS_DIR).as_posix() for p in REPORTS_DIR.rglob("summary.md")
+                   if not any(part.startswith("runs") for part in p.relative_to(REPORTS_DIR).parts[:-1]))
 # Reports written before the presets they ran last changed, not re-run yet (none today).  Strict: a report re-run with
 # the current presets fails here until it leaves this list.
 STALE: set[str] = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import math
 import os
 import re
 import shlex
@@ -32,6 +33,7 @@ class Run:
     overrides: dict[str, Any]  # the swept keys as Hydra printed them
     config: Any
     records: list[dict[str, Any]]
+    path: Path | None = None  # the run dir
 
     def series(self, key: str) -> list[float]:
         return [r[key] for r in self.records if r.get(key) is not None]
@@ -65,7 +67,7 @@ def read_runs(sweep_dir: Path) -> list[Run]:
         hydra_dir = metrics.parent / ".hydra"
         task = OmegaConf.load(hydra_dir / "overrides.yaml")
         swept = {item.split("=", 1)[0]: item.split("=", 1)[1] for item in task}
-        runs.append(Run(swept, OmegaConf.load(hydra_dir / "config.yaml"), read_metrics(metrics)))
+        runs.append(Run(swept, OmegaConf.load(hydra_dir / "config.yaml"), read_metrics(metrics), metrics.parent))
     return runs
 
 
@@ -96,6 +98,45 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+HELD, NOT_HELD, NOT_RESOLVED = "HELD", "NOT HELD", "NOT RESOLVED"
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """(mean, standard error of the mean) over seeds; the error is NaN below two values (nothing to resolve with).
+
+    >>> mean_se([0.2, 0.4, 0.6])
+    (0.4, 0.11547005383792516)
+    """
+    mean = sum(values) / len(values) if values else math.nan
+    if len(values) < 2:
+        return mean, math.nan
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
+
+
+def two_se_verdict(ours: list[float], theirs: list[float]) -> str:
+    """The claim "ours above theirs", judged on the difference of the means against two standard errors of that
+    difference (sqrt(se_ours^2 + se_theirs^2), the arms' seeds independent): HELD above +2 SE, NOT HELD below -2 SE,
+    NOT RESOLVED within (the boundary included) or when either arm has fewer than two seeds.
+
+    >>> two_se_verdict([0.5, 0.6, 0.7], [0.1, 0.2, 0.3]), two_se_verdict([0.1, 0.2], [0.2, 0.3])
+    ('HELD', 'NOT RESOLVED')
+    """
+    (a, se_a), (b, se_b) = mean_se(ours), mean_se(theirs)
+    se = math.sqrt(se_a ** 2 + se_b ** 2)
+    if math.isnan(se) or abs(a - b) <= 2 * se:
+        return NOT_RESOLVED
+    return HELD if a > b else NOT_HELD
+
+
+def combined_verdict(parts: list[str]) -> str:
+    """A claim made of several parts (GDPO ahead on correctness *and* format): HELD when every part is, NOT HELD
+    when any part is not, NOT RESOLVED otherwise."""
+    if all(p == HELD for p in parts):
+        return HELD
+    return NOT_HELD if NOT_HELD in parts else NOT_RESOLVED
+
+
 def overall(parts: list[bool]) -> bool | None:
     """A claim made of several parts: held if all hold, did not hold if none does, mixed otherwise."""
     return True if all(parts) else False if not any(parts) else None
@@ -106,14 +147,17 @@ PRESETS_HEADING = "**Presets.**"
 
 
 def named_presets(text: str) -> list[str]:
-    """The preset files the `mrl train` command lines in `text` compose: conf/train.yaml, each `algo=` and
-    `rewards=` value (the defaults where a command names none), e.g. ["conf/algo/grpo.yaml", ...]."""
-    commands = [line for line in text.splitlines() if line.startswith("mrl train")]
+    """The preset files the `mrl train` and `mrl sft` command lines in `text` compose: conf/train.yaml (and
+    conf/sft.yaml), each `algo=` and `rewards=` value (the defaults where a command names none), e.g.
+    ["conf/algo/grpo.yaml", ...]."""
+    commands = [line for line in text.splitlines() if line.startswith(("mrl train", "mrl sft"))]
     defaults = dict(re.findall(r"^  - (algo|rewards): (\w+)", (CONF / "train.yaml").read_text(), re.MULTILINE))
     files = {"conf/train.yaml"} if commands else set()
+    files |= {"conf/sft.yaml"} if any(line.startswith("mrl sft") for line in commands) else set()
     for command in commands:
+        own = {**defaults, "algo": "grpo"} if command.startswith("mrl sft") else defaults  # conf/sft.yaml's algo
         for group in ("algo", "rewards"):
-            values = re.findall(rf"(?:^|\s){group}=([\w,]+)", command) or [defaults[group]]
+            values = re.findall(rf"(?:^|\s){group}=([\w,]+)", command) or [own[group]]
             files |= {f"conf/{group}/{v}.yaml" for value in values for v in value.split(",")}
     return sorted(files)
 
@@ -132,13 +176,16 @@ def recorded_fingerprint(summary: str) -> dict[str, str] | None:
     return dict(re.findall(r"`(conf/[\w/.]+)` ([0-9a-f]{12})", section))
 
 
-def write_summary(name: str, claim: str, setup: str, numbers: str, verdict: str, held: bool | None) -> Path:
+def write_summary(name: str, claim: str, setup: str, numbers: str, verdict: str, held: bool | str | None,
+                  cost: str = "") -> Path:
     """reports/<name>/summary.md, with the fingerprint of the presets its commands ran (tests/test_repro.py compares
-    it with the presets of the day: a report older than its presets fails there)."""
-    status = {True: "HELD", False: "DID NOT HOLD", None: "MIXED"}[held]
+    it with the presets of the day: a report older than its presets fails there).  `held`: True/False/None (held,
+    did not hold, mixed), or a `two_se_verdict` word; `cost`: what the run took (wall time), said after the verdict."""
+    status = held if isinstance(held, str) else {True: "HELD", False: "DID NOT HOLD", None: "MIXED"}[held]
     presets = ", ".join(f"`{f}` {sha}" for f, sha in preset_fingerprint(setup).items()) or "none (no training)"
+    cost = f"**Cost.** {cost}\n\n" if cost else ""
     text = (f"# {name}\n\n**Claim.** {claim}\n\n**Setup.**\n\n{setup}\n\n**Measured.**\n\n{numbers}\n\n"
-            f"**Verdict: {status}.** {verdict}\n\n{PRESETS_HEADING} Run with (sha256, first 12 hex digits): "
+            f"**Verdict: {status}.** {verdict}\n\n{cost}{PRESETS_HEADING} Run with (sha256, first 12 hex digits): "
             f"{presets}\n")
     path = REPORTS / name / "summary.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,12 @@
 
 The paper trains GRPO and GDPO with the same weights on tool calling (format + correctness), math with a length
 limit (correctness + length, the length reward conditioned on correctness: its Eq. 8) and coding (pass rate + bug
-ratio + length), and reports GDPO ahead on both correctness and constraint adherence.  Here: the same settings on
-the built-in tasks and tiny model (SCALE=gpu: a real model), >= 3 seeds each, one verdict per setting.
+ratio + length), and reports GDPO ahead on both correctness and constraint adherence.  Two kinds of setting here:
+
+- `bfcl` (mrl/repro/paper_bfcl.py, reports/paper/bfcl/): the paper's tool-calling setting on the benchmark it
+  names, from one warm start, held-out accuracy per category with standard errors.  `make repro-paper` runs it.
+- toy (`SETTINGS=toy`, or some of tool_call, math_length, code): the three settings on the built-in generators and
+  the tiny model (SCALE=gpu: a real model), >= 3 seeds each, one verdict per setting (reports/paper/summary.md).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from mrl.repro import paper_bfcl
 from mrl.repro.common import REPORTS, markdown_table, multirun, read_csv, sweep_command, write_csv, write_summary
 from mrl.repro.plots import plot_band, pyplot, save_curves
 
@@ -41,15 +46,17 @@ SETTINGS = [
 ]
 
 
-def chosen_settings() -> list[Setting]:
-    """All three, or those named in SETTINGS (`make repro-paper SETTINGS=tool_call,code`)."""
-    names = os.environ.get("SETTINGS", "")
-    if not names:
-        return SETTINGS
-    unknown = set(names.split(",")) - {s.rewards for s in SETTINGS}
+def chosen_settings() -> tuple[bool, list[Setting]]:
+    """(whether to run the BFCL setting, the toy settings to run), from SETTINGS: `bfcl` (the default), `toy` (all
+    three toys), or names (`make repro-paper SETTINGS=tool_call,code`, `SETTINGS=bfcl,toy`: all four)."""
+    names = os.environ.get("SETTINGS", "") or "bfcl"
+    chosen = set(names.split(","))
+    chosen |= {s.rewards for s in SETTINGS} if "toy" in chosen else set()
+    unknown = chosen - {s.rewards for s in SETTINGS} - {"bfcl", "toy"}
     if unknown:
-        raise SystemExit(f"SETTINGS={names!r}: unknown {sorted(unknown)}; choose from {[s.rewards for s in SETTINGS]}")
-    return [s for s in SETTINGS if s.rewards in names.split(",")]
+        raise SystemExit(f"SETTINGS={names!r}: unknown {sorted(unknown)}; choose from "
+                         f"{['bfcl', 'toy'] + [s.rewards for s in SETTINGS]}")
+    return "bfcl" in chosen, [s for s in SETTINGS if s.rewards in chosen]
 
 
 def run_setting(setting: Setting) -> tuple[list[dict], list[str]]:
@@ -91,8 +98,16 @@ def verdict(setting: Setting, rows: list[dict]) -> tuple[list[str], bool | None]
 
 def main() -> None:
     """Run the chosen settings; a setting not chosen keeps the rows (paper.csv) and figure of its last run."""
+    bfcl, chosen = chosen_settings()
+    if bfcl:
+        paper_bfcl.main()
+    if chosen:
+        toy_settings(chosen)
+
+
+def toy_settings(chosen: list[Setting]) -> None:
+    """Run the chosen toy settings and write reports/paper/summary.md from their rows and the others' last ones."""
     csv_path = REPORTS / NAME / "paper.csv"
-    chosen = chosen_settings()
     rows = [r for r in read_csv(csv_path) if r["setting"] not in {s.rewards for s in chosen}]
     for setting in chosen:
         rows += run_setting(setting)[0]
@@ -116,10 +131,11 @@ def main() -> None:
         for s in SETTINGS for arm, overrides in s.arms.items())
     write_summary(
         NAME,
-        claim="GDPO beats GRPO at the same weights on tool calling, math with a length limit and coding, on both "
-              "the task's correctness and its constraint (format, length, bugs).",
-        setup="`make repro-paper` (`SETTINGS=code make repro-paper`: one setting; the others keep their last "
-              "results), per setting and arm:\n\n```\n" + commands + "\n```\n\n"
+        claim="Toy settings (the built-in generators and the tiny model; the real benchmark, BFCL, is in "
+              "[bfcl/summary.md](bfcl/summary.md)): GDPO beats GRPO at the same weights on tool calling, math with "
+              "a length limit and coding, on both the task's correctness and its constraint (format, length, bugs).",
+        setup="`SETTINGS=toy make repro-paper` (`SETTINGS=code make repro-paper`: one setting; the others keep "
+              "their last results), per setting and arm:\n\n```\n" + commands + "\n```\n\n"
               f"Built-in tasks, tiny model, CPU, {STEPS} steps, seeds {SEEDS}; final = mean of the last {LAST} "
               "steps.  gdpo_conditioned: the length reward conditioned on correctness (Eq. 8), where the paper "
               "uses it.  Every channel is better when higher.",

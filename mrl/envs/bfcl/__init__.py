@@ -59,12 +59,14 @@ class BfclTask:
     answer_prefix: the text every answer starts with, written into the prompt (e.g. `<tool_call>{"name": "`: a lever
       for small models, which then only fill in the call; never for the irrelevance categories, where it would
       force a call).
+    eval_per_category: the first this many held-out records of each category (0: all of them), so that a held-out
+      evaluation a CPU can afford still covers every category.
     """
 
     parallel_calls = True  # BFCL's parallel categories answer with several calls in one turn
 
     def __init__(self, categories: list[str] | str = ("simple_python",), seed: int = 0, eval_percent: float = 20.0,
-                 format_hint: bool = False, fewshot: int = 0, answer_prefix: str = ""):
+                 format_hint: bool = False, fewshot: int = 0, answer_prefix: str = "", eval_per_category: int = 0):
         categories = [categories] if isinstance(categories, str) else list(categories)
         if not categories:
             raise UserError(f"rewards.task.categories is empty; choose some of {list(grader.CATEGORIES)}")
@@ -76,6 +78,9 @@ class BfclTask:
         self.seed, self.format_hint, self.fewshot, self.answer_prefix = seed, format_hint, fewshot, answer_prefix
         records = [entry for category in categories for entry in grader.load_entries(category)]
         train, held = split_by_id(records, eval_percent)
+        if eval_per_category:
+            held = [kept for category in categories
+                    for kept in [e for e in held if e["category"] == category][:eval_per_category]]
         if not train:
             raise UserError(f"BFCL categories {categories} leave no train records at eval_percent={eval_percent}")
         self.split = SplitPrompts(train, held, f"bfcl/{seed}", self.to_prompt)

@@ -1,0 +1,128 @@
+"""repro-paper's BFCL setting: the GDPO paper's tool-calling comparison (arXiv 2601.05242, Table 1) on the benchmark
+it names, from one warm start shared by every arm.
+
+The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, format (the answer is well-formed calls of
+declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format
+76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
+two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
+before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; the
+held-out records (SCALE=gpu: all 170; SCALE=cpu: the first 8 of each category, what 2 cores afford) scored greedy at
+the start (the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  gdpo_conditioned
+does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
+
+Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
+the paper's sizes (MODEL=/path; GPU_MODEL=qwen3_0_6b for Qwen3, whose final checkpoints are also scored with
+thinking on and off).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from mrl.repro import warm
+from mrl.repro.common import REPORTS, combined_verdict, markdown_table, two_se_verdict, write_summary
+
+NAME = "paper/bfcl"
+CATEGORIES = ("simple_python", "multiple", "parallel")
+ARMS = ("grpo", "gdpo")
+SEEDS = "0,1,2"
+HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
+TASK = ["rewards=bfcl", f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
+        "~rewards.channels.no_call"]
+KEYS = ["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/accuracy" for c in CATEGORIES]
+# scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
+SIZES = {
+    "cpu": (["model=smollm2_local"], 8,
+            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
+             "trainer.eval_at_start=false"],
+            ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.prompts_per_step=2", "trainer.group_size=6",
+             "trainer.micro_batch_size=6", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
+    "gpu": ([], 0,
+            ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
+            ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
+             "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
+}
+MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
+
+
+def scale() -> str:
+    value = os.environ.get("SCALE", "cpu")
+    if value not in SIZES:
+        raise SystemExit(f"SCALE={value!r}: choose one of {sorted(SIZES)}")
+    return value
+
+
+def plan(at: str | None = None) -> warm.Plan:
+    """Every command of the setting at `at` (default: $SCALE), built without running anything."""
+    at = at or scale()
+    model, per_category, sft, rl = SIZES[at]
+    model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
+    prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
+    shared = [*model, *TASK, f"rewards.task.eval_per_category={per_category}",
+              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}"]
+    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*shared, *sft, "trainer.seed=0"),
+                     train=(*shared, *rl, "trainer.eval_at_start=false"),
+                     sweeps=(warm.Sweep("arms", (f"algo={','.join(ARMS)}", f"trainer.seed={SEEDS}")),),
+                     thinking=warm.has_thinking(model), eval_prompts=prompts)
+
+
+def arm_of(run) -> str:
+    return run.config.algo.name
+
+
+def verdict_rows(table: dict[str, dict[str, list[float]]]) -> tuple[list[list[str]], str]:
+    """The paper's direction, GDPO ahead of GRPO on correctness and on format, one 2-SE verdict each -> (table rows,
+    the combined verdict)."""
+    rows, parts = [], []
+    for key, what in (("eval/accuracy", "held-out accuracy (BFCL's verdict)"), ("eval/format/mean", "format")):
+        verdict = two_se_verdict(table["gdpo"][key], table["grpo"][key])
+        parts.append(verdict)
+        rows.append([what, warm.cell(table["gdpo"][key]), warm.cell(table["grpo"][key]), verdict])
+    return rows, combined_verdict(parts)
+
+
+def main() -> None:
+    """Run the setting: the warm start (reused when intact), both arms x 3 seeds; write reports/paper/bfcl/."""
+    the_plan, out, start = plan(), REPORTS / NAME, time.perf_counter()
+    recorded, reused = warm.ensure_warm_start(the_plan)
+    runs = warm.run_sweeps(the_plan, keep_checkpoints=the_plan.thinking)
+    thinking = warm.thinking_holdouts(the_plan, runs)
+    origin = warm.start_numbers(the_plan)
+    table = warm.write_tables(out, "bfcl", runs, arm_of, KEYS, origin)
+    warm.plot_curves(out / "bfcl.png", runs, arm_of, KEYS, origin, "BFCL held-out (greedy), mean ± SE over seeds")
+    html = warm.write_html(the_plan, out / "report.html", "repro-paper: GRPO vs GDPO on BFCL from one warm start")
+    header = ["arm", *(k.removeprefix("eval/") for k in KEYS)]
+    numbers = markdown_table(header, [["start (warm start)", *(warm.cell([origin[k]] if origin.get(k) is not None
+                                                                         else []) for k in KEYS)]]
+                             + [[arm, *(warm.cell(table[arm][k]) for k in KEYS)] for arm in ARMS])
+    rows, verdict = verdict_rows(table)
+    numbers += "\n\n" + markdown_table(["GDPO ahead of GRPO on", "gdpo", "grpo", "verdict (2 SE)"], rows)
+    foreign = warm.foreign_starts(runs, recorded["policy_sha256"])
+    numbers += ("\n\nEvery arm started from the warm start's weights (lineage.json: policy sha256 "
+                f"{recorded['policy_sha256'][:12]})." if not foreign else f"\n\n**Runs from other weights:** {foreign}")
+    if thinking:
+        numbers += "\n\nHeld-out accuracy without / with thinking: " + "; ".join(
+            f"{Path(k).name}: {v[False]:.3f} / {v[True]:.3f}" for k, v in thinking.items())
+    numbers += "\n\n![held-out curves](bfcl.png)"
+    sft_cost = "reused (made earlier)" if reused else warm.minutes(recorded["wall_s"])
+    write_summary(
+        NAME,
+        claim="GDPO trains tool calling better than GRPO at the same weights, on both correctness (BFCL's verdict) "
+              "and format (the GDPO paper's first setting, Table 1).",
+        setup=f"`make repro-paper`{'' if scale() == 'cpu' else f' (SCALE={scale()})'}:\n\n```\n"
+              + "\n".join(the_plan.commands()) + "\n```\n\n"
+              f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
+              + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"
+                 if the_plan.eval_prompts < HELD_OUT else f"every one of their {HELD_OUT} held-out records")
+              + ". Table: each arm's last evaluation, mean ± standard error over "
+              f"seeds {SEEDS}; start = the warm start's own evaluation (every arm's step 0). Verdict per channel: "
+              "HELD when GDPO - GRPO exceeds two standard errors of the difference, NOT HELD below minus two, "
+              f"NOT RESOLVED within. Interactive curves and every metric as CSV: `{html.relative_to(REPORTS.parent)}` "
+              "(written by the target, not committed: it embeds plotly.js, 4.5 MB).",
+        numbers=numbers,
+        verdict=f"GDPO vs GRPO: {'; '.join(f'{r[0]} {r[3]}' for r in rows)}.",
+        held=verdict,
+        cost=f"warm start {sft_cost}; the whole target {warm.minutes(time.perf_counter() - start)} of wall time.",
+    )
