@@ -188,7 +188,7 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
     assert "| held-out accuracy (BFCL's verdict) | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD |" in summary
     assert "| format | 0.900 ± 0.058 | 0.800 ± 0.058 | NOT RESOLVED |" in summary
     assert "**Verdict: NOT RESOLVED.**" in summary and "**Cost.**" in summary
-    assert "Every arm started from the warm start's weights" in summary
+    assert "Every run started from the warm start's weights" in summary
     assert "mrl sft model=smollm2_local rewards=bfcl" in summary and "mrl train -m model=smollm2_local" in summary
     assert "`conf/sft.yaml`" in summary and "`conf/algo/gdpo.yaml`" in summary  # the fingerprint
     rows = {(r["arm"], r["key"]): r for r in warm_csv(out / "bfcl.csv")}
@@ -349,7 +349,7 @@ def test_paper_bfcl_end_to_end_on_smollm2(reports, monkeypatch):
     monkeypatch.setattr(paper_bfcl, "SEEDS", "0,1")
     paper_bfcl.main()
     summary = (reports / "paper" / "bfcl" / "summary.md").read_text()
-    assert "Every arm started from the warm start's weights" in summary
+    assert "Every run started from the warm start's weights" in summary
     assert any(v in summary for v in ("**Verdict: HELD.**", "**Verdict: NOT HELD.**", "**Verdict: NOT RESOLVED.**"))
     assert len(warm_csv(reports / "paper" / "bfcl" / "bfcl_evals.csv")) == 4  # 4 runs x step 2 (0: the start's)
     assert (reports / "paper" / "bfcl" / "report.html").exists()

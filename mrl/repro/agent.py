@@ -19,7 +19,6 @@ a step.  Each of these runs as a multirun of its own: a multirun cannot give one
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import time
@@ -61,16 +60,9 @@ SIZES = {
 FINAL = "eval_final"  # each run's final checkpoint scored by `mrl eval`, into RUN_DIR/eval_final/
 
 
-def scale() -> str:
-    value = os.environ.get("SCALE", "cpu")
-    if value not in SIZES:
-        raise SystemExit(f"SCALE={value!r}: choose one of {sorted(SIZES)}")
-    return value
-
-
 def plan(at: str | None = None) -> warm.Plan:
     """Every command of the target at `at` (default: $SCALE), built without running anything."""
-    at = at or scale()
+    at = at or warm.scale(SIZES)
     model, task, sft, rl, trainer, entries = SIZES[at]
     model = model or warm.gpu_model("qwen3_0_6b")
     shared = [*model, *GYM, *task, *trainer, f"trainer.eval_prompts={entries}"]
@@ -140,19 +132,14 @@ def main() -> None:
                                        rows)
     numbers += "\n\nRollouts generated per step (mean over seeds; DAPO's dynamic sampling draws more): " + "; ".join(
         f"{p} {v}" for p, v in generations(runs).items())
-    foreign = warm.foreign_starts(runs, recorded["policy_sha256"])
-    numbers += ("\n\nEvery run started from the warm start's weights (lineage.json: policy sha256 "
-                f"{recorded['policy_sha256'][:12]})." if not foreign else f"\n\n**Runs from other weights:** {foreign}")
-    if thinking:
-        numbers += "\n\nHeld-out accuracy without / with thinking: " + "; ".join(
-            f"{Path(k).name}: {v[False]:.3f} / {v[True]:.3f}" for k, v in thinking.items())
+    numbers += warm.provenance(runs, recorded["policy_sha256"], thinking)
     numbers += "\n\n![held-out at the start and the end](agent.png)"
     commands = the_plan.commands() + [warm.show(final_args(the_plan, Path("<each run dir>")))]
     write_summary(
         NAME,
         claim="On a real multi-turn agent gym with correctness, efficiency and safety channels, the GDPO presets "
               "train the agent at least as well as the presets that sum the channels (PPO, GRPO, DAPO).",
-        setup=f"`make repro-agent`{'' if scale() == 'cpu' else f' (SCALE={scale()})'}:\n\n```\n"
+        setup=f"`make repro-agent`{'' if warm.scale(SIZES) == 'cpu' else f' (SCALE={warm.scale(SIZES)})'}:\n\n```\n"
               + "\n".join(commands) + "\n```\n\n"
               f"Held-out: a fixed split of entry ids (crc32), the first {the_plan.eval_prompts}. Table: the final "
               f"checkpoint's evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own. "

@@ -17,9 +17,7 @@ thinking on and off).
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, combined_verdict, markdown_table, two_se_verdict, write_summary
@@ -47,16 +45,9 @@ SIZES = {
 MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
 
 
-def scale() -> str:
-    value = os.environ.get("SCALE", "cpu")
-    if value not in SIZES:
-        raise SystemExit(f"SCALE={value!r}: choose one of {sorted(SIZES)}")
-    return value
-
-
 def plan(at: str | None = None) -> warm.Plan:
     """Every command of the setting at `at` (default: $SCALE), built without running anything."""
-    at = at or scale()
+    at = at or warm.scale(SIZES)
     model, per_category, sft, rl = SIZES[at]
     model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
     prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
@@ -99,19 +90,14 @@ def main() -> None:
                              + [[arm, *(warm.cell(table[arm][k]) for k in KEYS)] for arm in ARMS])
     rows, verdict = verdict_rows(table)
     numbers += "\n\n" + markdown_table(["GDPO ahead of GRPO on", "gdpo", "grpo", "verdict (2 SE)"], rows)
-    foreign = warm.foreign_starts(runs, recorded["policy_sha256"])
-    numbers += ("\n\nEvery arm started from the warm start's weights (lineage.json: policy sha256 "
-                f"{recorded['policy_sha256'][:12]})." if not foreign else f"\n\n**Runs from other weights:** {foreign}")
-    if thinking:
-        numbers += "\n\nHeld-out accuracy without / with thinking: " + "; ".join(
-            f"{Path(k).name}: {v[False]:.3f} / {v[True]:.3f}" for k, v in thinking.items())
+    numbers += warm.provenance(runs, recorded["policy_sha256"], thinking)
     numbers += "\n\n![held-out curves](bfcl.png)"
     sft_cost = "reused (made earlier)" if reused else warm.minutes(recorded["wall_s"])
     write_summary(
         NAME,
         claim="GDPO trains tool calling better than GRPO at the same weights, on both correctness (BFCL's verdict) "
               "and format (the GDPO paper's first setting, Table 1).",
-        setup=f"`make repro-paper`{'' if scale() == 'cpu' else f' (SCALE={scale()})'}:\n\n```\n"
+        setup=f"`make repro-paper`{'' if warm.scale(SIZES) == 'cpu' else f' (SCALE={warm.scale(SIZES)})'}:\n\n```\n"
               + "\n".join(the_plan.commands()) + "\n```\n\n"
               f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
               + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"

@@ -83,6 +83,14 @@ class Plan:
         return lines
 
 
+def scale(sizes: dict[str, Any]) -> str:
+    """$SCALE (cpu unless set): one of `sizes`' keys, or the target stops in one line naming them."""
+    value = os.environ.get("SCALE", "cpu")
+    if value not in sizes:
+        raise SystemExit(f"SCALE={value!r}: choose one of {sorted(sizes)}")
+    return value
+
+
 def gpu_model(default: str) -> list[str]:
     """The model overrides at SCALE=gpu: GPU_MODEL (a conf/model preset; `default` unless set) at MODEL (a local
     dir; the preset's own name_or_path, a hub name, unless set)."""
@@ -153,6 +161,18 @@ def foreign_starts(runs: list[Run], policy_sha256: str) -> list[str]:
         if not lineage.exists() or json.loads(lineage.read_text()).get("policy_sha256") != policy_sha256:
             bad.append(str(run.path))
     return bad
+
+
+def provenance(runs: list[Run], policy_sha256: str, thinking: dict[str, dict[bool, float]]) -> str:
+    """The summary's paragraphs on where the runs started (all from the warm start's weights, or the runs that did
+    not) and, for a model with a thinking switch, each run's held-out accuracy without / with thinking."""
+    foreign = foreign_starts(runs, policy_sha256)
+    text = (f"\n\nEvery run started from the warm start's weights (lineage.json: policy sha256 {policy_sha256[:12]})."
+            if not foreign else f"\n\n**Runs from other weights:** {foreign}")
+    if thinking:
+        text += "\n\nHeld-out accuracy without / with thinking: " + "; ".join(
+            f"{Path(k).name}: {v[False]:.3f} / {v[True]:.3f}" for k, v in thinking.items())
+    return text
 
 
 def run_sweeps(plan: Plan, keep_checkpoints: bool) -> list[Run]:
