@@ -63,6 +63,33 @@ def test_fewshot_shows_solved_train_records_and_declares_their_functions():
     assert task.eval_prompts()[0] == prompt  # the same shots every time
 
 
+def test_shared_fewshot_puts_the_same_shortest_examples_first_in_every_prompt(tok):  # noqa: F811
+    task = BfclTask(["simple_python"], seed=0, fewshot=2, fewshot_shared=True)
+    size = lambda e: len(json.dumps([e["question"], e["function"]]))  # noqa: E731
+    accepted = [e for e in task.split.train if bfcl.grade(e, bfcl.gold_calls(e))]
+    first, second = task.shared_shots[:2]
+    assert size(first) == min(size(e) for e in accepted)  # the shortest, then the shortest of another function
+    assert size(second) == min(size(e) for e in accepted if e["function"][0]["name"] != first["function"][0]["name"])
+    prompts = task.eval_prompts()
+    shot_turns = [m for shot in (first, second) for m in (shot["question"][0][-1]["content"],)]
+    for prompt, entry in zip(prompts, task.split.eval, strict=True):
+        assert [m["content"] for m in prompt.messages[0:4:2]] == shot_turns  # the same examples, in order
+        assert prompt.messages[-1]["content"] == entry["question"][0][-1]["content"]
+        names = [t["function"]["name"] for t in prompt.tools]
+        assert names[:2] == [first["function"][0]["name"], second["function"][0]["name"]]  # declared first
+        assert entry["function"][0]["name"] in names
+    # every rendered prompt starts with the same declarations of both examples: one prefix, computed once
+    protocol = ChatProtocol(tok, parallel_calls=True)
+    texts = [tok.decode(protocol.prompt_ids(p)) for p in prompts]
+    common = texts[0][:next(i for i, c in enumerate(texts[0]) if any(t[i] != c for t in texts[1:]))]
+    assert first["function"][0]["description"] in common and second["function"][0]["description"] in common
+    assert first["question"][0][-1]["content"] not in common
+    # a train record that is one of the examples gets the spare instead, never itself
+    own = task.to_prompt(first)
+    assert [m["content"] for m in own.messages[0:4:2]] == [second["question"][0][-1]["content"],
+                                                           task.shared_shots[2]["question"][0][-1]["content"]]
+
+
 def test_bad_task_settings_are_one_line():
     with pytest.raises(UserError, match="categories is empty"):
         BfclTask([])

@@ -16,6 +16,7 @@ Channels: format (well-formed calls of declared functions), correctness (BFCL's 
 
 from __future__ import annotations
 
+import json
 import random
 import zlib
 from typing import Any
@@ -56,6 +57,11 @@ class BfclTask:
     fewshot: solved examples before the question: other train records of the same categories (fixed per record
       by the seed), each its user turn and an assistant turn with its gold call; their functions are declared after
       the record's own (a lever for small models, which learn the call format from them).
+    fewshot_shared: the same `fewshot` examples before every record: the accepted train records with the shortest
+      question and declarations, each of another function, their functions declared before the record's own.  Every
+      prompt then starts with the same preamble, declarations and nothing else of its own, a prefix generation
+      computes once (mrl.rollout.shared_prefix_length): a held-out evaluation with shots costs about what it costs
+      without (docs/evaluation.md).  A train record that is one of them gets the next one instead.
     answer_prefix: the text every answer starts with, written into the prompt (e.g. `<tool_call>{"name": "`: a lever
       for small models, which then only fill in the call; never for the irrelevance categories, where it would
       force a call).
@@ -66,7 +72,8 @@ class BfclTask:
     parallel_calls = True  # BFCL's parallel categories answer with several calls in one turn
 
     def __init__(self, categories: list[str] | str = ("simple_python",), seed: int = 0, eval_percent: float = 20.0,
-                 format_hint: bool = False, fewshot: int = 0, answer_prefix: str = "", eval_per_category: int = 0):
+                 format_hint: bool = False, fewshot: int = 0, answer_prefix: str = "", eval_per_category: int = 0,
+                 fewshot_shared: bool = False):
         categories = [categories] if isinstance(categories, str) else list(categories)
         if not categories:
             raise UserError(f"rewards.task.categories is empty; choose some of {list(grader.CATEGORIES)}")
@@ -76,6 +83,7 @@ class BfclTask:
             raise UserError(f"rewards.task.answer_prefix={answer_prefix!r} would force a call on the irrelevance "
                             "categories, where the right answer is none; drop one or the other")
         self.seed, self.format_hint, self.fewshot, self.answer_prefix = seed, format_hint, fewshot, answer_prefix
+        self.fewshot_shared = fewshot_shared
         records = [entry for category in categories for entry in grader.load_entries(category)]
         train, held = split_by_id(records, eval_percent)
         if eval_per_category:
@@ -84,6 +92,7 @@ class BfclTask:
         if not train:
             raise UserError(f"BFCL categories {categories} leave no train records at eval_percent={eval_percent}")
         self.split = SplitPrompts(train, held, f"bfcl/{seed}", self.to_prompt)
+        self.shared_shots = self._shared_shots() if fewshot and fewshot_shared else []
 
     def prompt(self, index: int) -> Prompt:
         return self.split.prompt(index)
@@ -116,10 +125,11 @@ class BfclTask:
         solved = [m for shot in shots for m in _solved(shot)]
         system = [m for m in messages if m["role"] == "system"]
         messages = system + solved + [m for m in messages if m["role"] != "system"]
-        tools = tool_schemas(entry)
-        for shot in shots:  # the examples' functions after the record's own, each declared once
+        # The record's functions first, the examples' after; shared examples' first, so the prompts share them too.
+        tools = []
+        for source in [*shots, entry] if self.fewshot_shared else [entry, *shots]:
             declared = {t["function"]["name"] for t in tools}
-            tools += [t for t in tool_schemas(shot) if t["function"]["name"] not in declared]
+            tools += [t for t in tool_schemas(source) if t["function"]["name"] not in declared]
         meta = {key: entry[key] for key in ("id", "category", "ground_truth", "function")}
         return Prompt(text=messages[-1]["content"], meta=meta, messages=messages, tools=tools,
                       answer_prefix=self.answer_prefix)
@@ -128,6 +138,8 @@ class BfclTask:
         """`fewshot` train records other than `entry`, whose gold calls BFCL accepts, the same for the same seed."""
         if not self.fewshot:
             return []
+        if self.fewshot_shared:
+            return [shot for shot in self.shared_shots if shot["id"] != entry["id"]][:self.fewshot]
         rng = random.Random(f"bfcl-shots/{self.seed}/{entry['id']}")
         shots = []
         train = self.split.train
@@ -136,6 +148,23 @@ class BfclTask:
                     and candidate["category"] not in IRRELEVANCE:
                 shots.append(candidate)
             if len(shots) == self.fewshot:
+                break
+        return shots
+
+    def _shared_shots(self) -> list[dict[str, Any]]:
+        """`fewshot` + 1 accepted train records with the shortest question and declarations, each calling another
+        function (one spare, for a train record that is itself one of them)."""
+        def size(entry: dict[str, Any]) -> tuple[int, str]:
+            return len(json.dumps([entry["question"], entry["function"]])), entry["id"]
+
+        shots, functions = [], set()
+        for candidate in sorted(self.split.train, key=size):
+            names = {name for name, _ in grader.gold_calls(candidate)}
+            if candidate["category"] not in IRRELEVANCE and not names & functions \
+                    and grader.grade(candidate, grader.gold_calls(candidate)):
+                shots.append(candidate)
+                functions |= names
+            if len(shots) == self.fewshot + 1:
                 break
         return shots
 
