@@ -7,7 +7,7 @@ the held-out prompts, so they are drawn as they are, markers joined by lines.
 Beside the PNG, `report.html` draws the same panels with plotly (hover for step, run and value; click a run in the
 legend to hide it) over the same tables, and links a CSV per run of every metric it logged (`report_data/`).  The
 page embeds plotly.js (~4.5 MB), so it opens offline from the file alone; `write_html_report` writes it for any list
-of runs (the reproductions call it on theirs)."""
+of runs (the reproductions call it on theirs, and also write a copy that loads plotly.js from its CDN, to commit)."""
 
 from __future__ import annotations
 
@@ -330,6 +330,12 @@ th {{ background: #f3f3f3; }}
 """
 
 
+# Shown by a page that loads plotly.js from the CDN where it did not load (offline): the tables and CSVs still serve.
+NO_PLOTLY = """<p id="no-plotly" hidden><b>The curves need plotly.js from cdn.plot.ly, which did not load.</b>
+The tables and the CSVs below hold every number. {fallback}</p>
+<script>if (typeof Plotly === "undefined") document.getElementById("no-plotly").hidden = false;</script>"""
+
+
 def run_group(label: str) -> str:
     """The algo of a run labelled `algo/seed<n>` (its colour in the page); a label without one is its own group."""
     return label.split("/")[0]
@@ -481,10 +487,14 @@ def html_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
 
 
 def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: int = 10,
-                      title: str = "mrl report") -> Path:
-    """Write one self-contained page to `out_path`: the report's panels as interactive plotly curves (plotly.js
-    inline, no CDN: it opens offline), its tables, and links to a CSV per run of every metric it logged, written to
-    `<out_path's stem>_data/` beside it. `runs` as `find_runs` returns them. Return `out_path`."""
+                      title: str = "mrl report", cdn_fallback: str | None = None) -> Path:
+    """Write one page to `out_path`: the report's panels as interactive plotly curves, its tables, and links to a
+    CSV per run of every metric it logged, written to `<out_path's stem>_data/` beside it. `runs` as `find_runs`
+    returns them. Return `out_path`.
+
+    plotly.js is inline (the page opens offline, ~4.5 MB of it plotly's) unless `cdn_fallback` is given: then the
+    page loads plotly.js from plotly's CDN, which leaves only our own content (small enough to commit), and shows
+    `cdn_fallback` (say where a self-contained copy is) where plotly.js does not load."""
     from html import escape
     from urllib.parse import quote
 
@@ -498,7 +508,10 @@ def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: i
     out_path.parent.mkdir(parents=True, exist_ok=True)
     csvs = write_run_csvs(runs, labels, out_path.parent / f"{out_path.stem}_data")
     figure = report_figure(runs, labels, panels, held_out, smooth, priced).to_html(
-        full_html=False, include_plotlyjs=True, div_id="curves", config={"displaylogo": False, "responsive": True})
+        full_html=False, include_plotlyjs=True if cdn_fallback is None else "cdn", div_id="curves",
+        config={"displaylogo": False, "responsive": True})
+    if cdn_fallback is not None:
+        figure += NO_PLOTLY.format(fallback=escape(cdn_fallback))
     tables = html_table(FINAL_CAPTION.format(last=last), *final_rows(runs, panels, last))
     if priced_panels(runs):
         tables += "\n" + html_table(PRICED_CAPTION.format(last=last), *priced_rows(runs, last))

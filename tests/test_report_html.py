@@ -106,6 +106,22 @@ def test_write_html_report_names_a_repeated_label_apart(sweep, tmp_path):
     assert "grpo/seed0 (2)" in page and all((tmp_path / "out" / link).exists() for link in links(page))
 
 
+FALLBACK = "report_offline.html embeds plotly.js & opens offline."
+
+
+def test_a_page_that_loads_plotly_from_the_cdn_holds_only_our_content(sweep, tmp_path):
+    runs = find_runs([sweep])
+    inline = write_html_report(runs, tmp_path / "inline.html").read_text()
+    page = write_html_report(runs, tmp_path / "report.html", cdn_fallback=FALLBACK).read_text()
+    assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', page) == [
+        re.search(r"https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js", page).group()]
+    assert len(page) < 30_000 < 1_000_000 < len(inline)  # plotly.js is the 4.5 MB; the curves' data a few KB
+    newplot = re.compile(r"Plotly\.newPlot\(.*?\)\s*};", re.S)
+    assert newplot.findall(page) == newplot.findall(inline[inline.index('<div id="curves"'):])  # the same figure
+    assert '<p id="no-plotly" hidden>' in page and "report_offline.html embeds plotly.js &amp; opens offline." in page
+    assert links(page) == [f"report_data/{link.removeprefix('inline_data/')}" for link in links(inline)]
+
+
 def chromium() -> str:
     """The headless browser; a skip without one, except in CI (CI=true), where the page must be checked."""
     found = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -174,3 +190,16 @@ def test_a_legend_click_hides_a_run_in_every_panel_and_hover_names_step_run_and_
     assert hidden == {"gdpo/seed0"}  # all its 2 x 3 training and 3 held-out traces, and only those
     assert sum(name == "gdpo/seed0" for name, _ in state["visible"]) == 9
     assert state["hover"] == ["grpo/seed1step 4reward/a/mean: 2.75 (mean of 2)raw: 3"]  # a = 4/2 + 1; (2.5 + 3) / 2
+
+
+def test_offline_the_cdn_page_says_so_and_still_shows_its_tables(sweep, tmp_path):
+    browser = chromium()
+    html = write_html_report(find_runs([sweep]), tmp_path / "report.html", cdn_fallback=FALLBACK)
+    done = subprocess.run(  # every host unresolvable: the CDN cannot answer, whatever network the machine has
+        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000", "--dump-dom", html.as_uri()],
+        capture_output=True, text=True, timeout=180)
+    dom = done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '<p id="no-plotly">' in dom and 'class="main-svg"' not in dom  # the note shown, no plot drawn
+    assert dom.count("<table>") == 2 and "<td>gdpo/seed0</td>" in dom

@@ -145,7 +145,7 @@ def main() -> None:
               f"checkpoint's evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own. "
               "Verdict per pair on held-out correctness: HELD when the GDPO preset leads by more than two standard "
               "errors of the difference, NOT HELD when it trails by more, NOT RESOLVED within. Interactive curves "
-              f"and every metric as CSV: `{html.relative_to(REPORTS.parent)}` (written by the target, not committed).",
+              f"and every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}).",
         numbers=numbers,
         verdict="; ".join(f"{r[0]}: {r[3]}" for r in rows) + ".",
         held=combined_verdict([r[3] for r in rows]),

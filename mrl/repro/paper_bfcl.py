@@ -106,7 +106,7 @@ def main() -> None:
               f"seeds {SEEDS}; start = the warm start's own evaluation (every arm's step 0). Verdict per channel: "
               "HELD when GDPO - GRPO exceeds two standard errors of the difference, NOT HELD below minus two, "
               f"NOT RESOLVED within. Interactive curves and every metric as CSV: `{html.relative_to(REPORTS.parent)}` "
-              "(written by the target, not committed: it embeds plotly.js, 4.5 MB).",
+              f"({warm.HTML_NOTE}).",
         numbers=numbers,
         verdict=f"GDPO vs GRPO: {'; '.join(f'{r[0]} {r[3]}' for r in rows)}.",
         held=verdict,

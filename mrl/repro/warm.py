@@ -289,11 +289,21 @@ def plot_curves(path: Path, runs: list[Run], arm_of, keys: list[str], start: dic
     save_curves(fig, axes[0], path)
 
 
-def write_html(plan: Plan, out: Path, title: str) -> Path:
-    """report.html of the warm start and every sweep (mrl.report: one held-out curve across the stages)."""
+HTML_NOTE = ("committed; it loads plotly.js from plotly's CDN, and report_offline.html beside it, written by the "
+             "target, embeds it and opens offline")
 
+
+def write_html(plan: Plan, out: Path, title: str) -> Path:
+    """The interactive page of the warm start and every sweep (mrl.report: one held-out curve across the stages),
+    twice: `out` (report.html, committed) loads plotly.js from its CDN, so it holds only our own content (the curves'
+    data, the tables; the CSVs beside it in report_data/); report_offline.html beside it embeds plotly.js (4.5 MB,
+    not committed) and opens without a network.  Return `out`."""
     dirs = [plan.warm_dir] + [plan.root / s.name for s in plan.sweeps]
-    return write_html_report(find_runs([d for d in dirs if d.exists()]), out, title=title)
+    runs = find_runs([d for d in dirs if d.exists()])
+    offline = write_html_report(runs, out.with_name(f"{out.stem}_offline.html"), title=title)
+    fallback = (f"{offline.name} beside this page embeds plotly.js and opens offline (written by the target "
+                "that wrote this page; not committed).")
+    return write_html_report(runs, out, title=title, cdn_fallback=fallback)
 
 
 def minutes(seconds: float) -> str:
