@@ -141,3 +141,21 @@ def test_the_preset_fingerprint_names_what_the_commands_compose():
     assert named_presets("No training.") == []
     assert recorded_fingerprint("...\n\n**Presets.** Run with: `conf/train.yaml` 0123456789ab") == {
         "conf/train.yaml": "0123456789ab"}
+
+
+COMMITTED_PAGES = sorted(p.relative_to(REPORTS_DIR).as_posix() for p in REPORTS_DIR.rglob("report.html")
+                         if not any(part.startswith("runs") for part in p.relative_to(REPORTS_DIR).parts[:-1]))
+
+
+@pytest.mark.parametrize("page", COMMITTED_PAGES)
+def test_a_committed_report_page_is_our_own_content_and_its_csvs_are_there(page):
+    """A committed report.html loads plotly.js from its CDN (plotly.js inline is 4.5 MB that is not ours) and stays
+    under 1 MB; every CSV it links is committed beside it."""
+    import re
+
+    html = REPORTS_DIR / page
+    text = html.read_text()
+    assert html.stat().st_size < 1_000_000, f"reports/{page} embeds plotly.js: write it with cdn_fallback"
+    assert re.findall(r'<script[^>]*\bsrc="(https://cdn\.plot\.ly/[^"]+)"', text), f"reports/{page}: no CDN plotly.js"
+    hrefs = re.findall(r'<a href="([^"]+)"', text.split('<ul id="data">')[1])
+    assert hrefs and all((html.parent / h).is_file() for h in hrefs)
