@@ -5,10 +5,10 @@ The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, format (th
 declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format
 76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
 two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
-before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; the
-held-out records (SCALE=gpu: all 170; SCALE=cpu: the first 8 of each category, what 2 cores afford) scored greedy at
-the start (the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  gdpo_conditioned
-does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
+before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; every
+one of the 170 held-out records, at both scales, scored greedy at the start (the warm start's own evaluation, every
+arm's step 0) and every `eval_every` steps.  gdpo_conditioned does not apply: it conditions efficiency on
+correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
 the paper's sizes (MODEL=/path; GPU_MODEL=qwen3_0_6b for Qwen3, whose final checkpoints are also scored with
@@ -32,11 +32,11 @@ TASK = ["rewards=bfcl", f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~r
 KEYS = ["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/accuracy" for c in CATEGORIES]
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
-    "cpu": (["model=smollm2_local"], 8,
+    "cpu": (["model=smollm2_local"], 0,
             ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
             ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.prompts_per_step=2", "trainer.group_size=6",
-             "trainer.micro_batch_size=6", "trainer.lr=3e-6", "trainer.temperature=1.0"]),
+             "trainer.micro_batch_size=6", "trainer.lr=1e-5", "trainer.temperature=1.0"]),
     "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
