@@ -133,14 +133,18 @@ def chromium() -> str:
     return found
 
 
+def dump_dom(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless Chromium (a fresh profile under tmp_path) and return the run, its DOM as stdout."""
+    return subprocess.run(
+        [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+         *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=180)
+
+
 def test_the_page_renders_a_plot_per_panel_in_headless_chromium(sweep, tmp_path):
-    browser = chromium()
     make_report([sweep])
     html = sweep / "report.html"
-    done = subprocess.run(
-        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--dump-dom", html.as_uri()],
-        capture_output=True, text=True, timeout=180)
+    done = dump_dom(html, tmp_path, "--enable-logging=stderr", "--v=0")
     dom = done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]  # uncaught errors land here
@@ -177,14 +181,10 @@ setTimeout(function () {
 
 
 def test_a_legend_click_hides_a_run_in_every_panel_and_hover_names_step_run_and_value(sweep, tmp_path):
-    browser = chromium()
     make_report([sweep], smooth=2)
     probe = sweep / "probe.html"  # a copy with the clicks: report.html itself carries no script of ours
     probe.write_text((sweep / "report.html").read_text().replace("</body>", INTERACT))
-    dom = subprocess.run(
-        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
-        capture_output=True, text=True, timeout=180).stdout
+    dom = dump_dom(probe, tmp_path).stdout
     state = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
     hidden = {name for name, visible in state["visible"] if visible == "legendonly"}
     assert hidden == {"gdpo/seed0"}  # all its 2 x 3 training and 3 held-out traces, and only those
@@ -193,12 +193,9 @@ def test_a_legend_click_hides_a_run_in_every_panel_and_hover_names_step_run_and_
 
 
 def test_offline_the_cdn_page_says_so_and_still_shows_its_tables(sweep, tmp_path):
-    browser = chromium()
     html = write_html_report(find_runs([sweep]), tmp_path / "report.html", cdn_fallback=FALLBACK)
-    done = subprocess.run(  # every host unresolvable: the CDN cannot answer, whatever network the machine has
-        [browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=10000", "--dump-dom", html.as_uri()],
-        capture_output=True, text=True, timeout=180)
+    # every host unresolvable: the CDN cannot answer, whatever network the machine has
+    done = dump_dom(html, tmp_path, "--host-resolver-rules=MAP * ~NOTFOUND")
     dom = done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     assert '<p id="no-plotly">' in dom and 'class="main-svg"' not in dom  # the note shown, no plot drawn

@@ -108,9 +108,16 @@ def test_paper_reruns_one_setting_and_keeps_the_others(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ reports from the presets of the day
 
 REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
-# reports/<name>/summary.md, and a setting's own (reports/paper/bfcl/summary.md); never one inside a run dir
-SUMMARIES = sorted(p.parent.relative_to(REPORTS_DIR).as_posix() for p in REPORTS_DIR.rglob("summary.md")
-                   if not any(part.startswith("runs") for part in p.relative_to(REPORTS_DIR).parts[:-1]))
+
+
+def committed(name: str) -> list[Path]:
+    """Every file called `name` under reports/ (reports/<name>/, a setting's own reports/paper/bfcl/); never one
+    inside a run dir."""
+    return sorted(p for p in REPORTS_DIR.rglob(name)
+                  if not any(part.startswith("runs") for part in p.relative_to(REPORTS_DIR).parts[:-1]))
+
+
+SUMMARIES = [p.parent.relative_to(REPORTS_DIR).as_posix() for p in committed("summary.md")]
 # Reports written before the presets they ran last changed, not re-run yet (none today).  Strict: a report re-run with
 # the current presets fails here until it leaves this list.
 STALE: set[str] = set()
@@ -143,11 +150,7 @@ def test_the_preset_fingerprint_names_what_the_commands_compose():
         "conf/train.yaml": "0123456789ab"}
 
 
-COMMITTED_PAGES = sorted(p.relative_to(REPORTS_DIR).as_posix() for p in REPORTS_DIR.rglob("report.html")
-                         if not any(part.startswith("runs") for part in p.relative_to(REPORTS_DIR).parts[:-1]))
-
-
-@pytest.mark.parametrize("page", COMMITTED_PAGES)
+@pytest.mark.parametrize("page", [p.relative_to(REPORTS_DIR).as_posix() for p in committed("report.html")])
 def test_a_committed_report_page_is_our_own_content_and_its_csvs_are_there(page):
     """A committed report.html loads plotly.js from its CDN (plotly.js inline is 4.5 MB that is not ours) and stays
     under 1 MB; every CSV it links is committed beside it."""
