@@ -94,6 +94,9 @@ def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
     return torch.searchsorted(cdf, threshold, right=True).squeeze(1)
 
 
+# The native decoder stops computing finished rows once at most this share of the rows it computes is unfinished:
+# dropping rows copies their keys and values, so it waits until a quarter has finished, not one row at a time.
+COMPACT_AT = 0.75
 SKINNY_MIN_WEIGHT = 2 ** 18  # elements: weights of 1 MiB and more in float32, read from memory at every token
 SKINNY_MAX_ROWS = 256  # measured faster at 8 to 64 rows, even at 256; beyond (a long turn's first step) F.linear
 
@@ -154,18 +157,38 @@ def mismatch(model) -> str | None:
 
 
 def next_tokens(ids: Tensor, scores: Tensor, warp: Callable | None, draw: Callable[[Tensor], Tensor],
-                unfinished: Tensor, pad_id: int, stops: Tensor, criteria: Callable | None) -> tuple[Tensor, Tensor]:
+                unfinished: Tensor, pad_id: int, stops: Tensor, criteria: Callable | None,
+                live: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One decoding step's token per row, as HF generate picks it: the warped distribution's draw (the argmax when
     `warp` is None: greedy), `pad_id` for rows already finished; appended to `ids` [A, L] -> ([A, L + 1], token
-    [A]).  `unfinished` [A] is updated in place: a row ends at a stop id or where `criteria` says so."""
-    scores = scores.float()  # [A, V]
-    token = draw(warp(ids, scores).softmax(-1)) if warp is not None else scores.argmax(-1)
+    [A]).  `unfinished` [A] is updated in place: a row ends at a stop id or where `criteria` says so.
+
+    `live` [A'] (sorted rows of `ids`): `scores` [A', V] are those rows' alone, the others having finished (the
+    native decoder stops computing them); each row draws what it draws with every row scored (`draw_rows`)."""
+    scores = scores.float()  # [A', V]
+    rows = ids if live is None else ids[live]
+    token = draw_rows(draw, warp(rows, scores).softmax(-1), live, len(ids)) if warp is not None \
+        else scores.argmax(-1)
+    if live is not None:
+        token = torch.full((len(ids),), pad_id, dtype=token.dtype, device=token.device).index_copy_(0, live, token)
     token = torch.where(unfinished, token, pad_id)
     ids = torch.cat([ids, token[:, None]], 1)
     unfinished &= ~torch.isin(token, stops)
     if criteria is not None:
         unfinished &= ~criteria(ids, None).bool()
     return ids, token
+
+
+def draw_rows(draw: Callable[[Tensor], Tensor], probs: Tensor, live: Tensor | None, rows: int) -> Tensor:
+    """`draw(probs)` [A'] for the rows `live` [A'] of a batch of `rows`, the same tokens as those rows draw when all
+    `rows` are drawn at once: `inverse_cdf` gets the uniform numbers of the whole batch, another draw (HF's
+    `multinomial`, whose random numbers are laid out per row and entry) the finished rows as uniform weights."""
+    if live is None or len(live) == rows:
+        return draw(probs)
+    if draw is inverse_cdf:
+        return inverse_cdf(probs, torch.rand(rows, dtype=torch.float64, device=probs.device)[live])
+    full = probs.new_ones(rows, probs.shape[1]).index_copy_(0, live, probs)  # [rows, V]
+    return draw(full)[live]
 
 
 class NativeDecoder:
@@ -218,16 +241,22 @@ class NativeDecoder:
         stops = torch.tensor(request.stop_ids, dtype=torch.long, device=device)
         unfinished = torch.ones(rows, dtype=torch.bool, device=device)
         ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
+        live = torch.arange(rows, device=device)  # [A'] the rows computed: the unfinished, and a few finished
         for _ in range(budget):
             with autocast_of(self.model):
                 scores = self.logits(self.forward(step_ids, step_positions, allowed, start, buffers))
             ids, token = next_tokens(ids, scores, warp, self.draw, unfinished, request.pad_id, stops,
-                                     request.criteria)
+                                     request.criteria, live)
             if not unfinished.any():
                 break
             start += step_ids.shape[1]
+            step_ids, step_positions = token[live, None], step_positions[:, -1:] + 1
+            going = unfinished[live]  # [A']
+            if int(going.sum()) <= COMPACT_AT * len(live):  # a quarter finished: stop computing them
+                live, step_ids, step_positions, allowed = live[going], step_ids[going], step_positions[going], \
+                    allowed[going]
+                buffers.select(going, start)
             allowed[:, start] = True
-            step_ids, step_positions = token[:, None], step_positions[:, -1:] + 1
         return ids
 
     def check(self) -> str | None:
@@ -324,3 +353,11 @@ class KVBuffers:
         self.keys[layer][:, :, start:end] = k
         self.values[layer][:, :, start:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def select(self, rows: Tensor, end: int) -> None:
+        """Keep only `rows` (a boolean mask [A]) of every layer's buffers, their first `end` positions copied."""
+        for buffers in (self.keys, self.values):
+            for layer, old in enumerate(buffers):
+                kept = old.new_empty(int(rows.sum()), *old.shape[1:])
+                kept[:, :, :end] = old[rows, :, :end]
+                buffers[layer] = kept

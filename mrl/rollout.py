@@ -59,6 +59,20 @@ class Rollouts:
             self.completion_attention[rows], [self.episodes[r] for r in rows.tolist()], self.group_size,
         )
 
+    def trimmed(self) -> "Rollouts":
+        """The same rows without the columns every row pads: prompt columns no row attends to (left padding, or
+        the padding after a shared prefix) and completion columns past the longest transcript.  Positions and
+        attention are unchanged (positions skip padding), so each row's log-probs are the untrimmed batch's at
+        T' = the kept completion width (at least 1)."""
+        prompt = self.prompt_mask.bool().any(0)  # [P]
+        filled = self.completion_attention.bool().any(0).nonzero()  # [k, 1]
+        width = int(filled.max()) + 1 if len(filled) else 1
+        if bool(prompt.all()) and width == self.completion_ids.shape[1]:
+            return self
+        return Rollouts(self.prompt_ids[:, prompt], self.prompt_mask[:, prompt], self.completion_ids[:, :width],
+                        self.completion_mask[:, :width], self.completion_attention[:, :width], self.episodes,
+                        self.group_size)
+
     def group_rows(self, groups: Tensor) -> Tensor:
         """Group indices [B'] -> their rows [B'*G]."""
         return (groups.reshape(-1, 1) * self.group_size + torch.arange(self.group_size)).reshape(-1)

@@ -44,10 +44,13 @@ class UpdateBatch:
         return self.loss_mask.shape[0]
 
     def take(self, rows: Tensor) -> "UpdateBatch":
-        """The batch at `rows` [M] (a micro-batch)."""
+        """The batch at `rows` [M] (a micro-batch), trimmed to its own widths (`Rollouts.trimmed`): the columns its
+        rows all pad are never computed, and every per-token tensor keeps the completion's first T' columns."""
         at = rows.to(self.loss_mask.device)
-        pick = lambda x: None if x is None else x[at]  # noqa: E731
-        return UpdateBatch(self.rollouts.take(rows), self.loss_mask[at], self.advantages[at], pick(self.returns),
+        rollouts = self.rollouts.take(rows).trimmed()
+        width = rollouts.completion_ids.shape[1]  # T': the cut columns are padding of every row, loss mask 0
+        pick = lambda x: None if x is None else x[at, :width]  # noqa: E731
+        return UpdateBatch(rollouts, pick(self.loss_mask), pick(self.advantages), pick(self.returns),
                            pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
 
 
@@ -74,7 +77,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
             tokens = dist.per_rank_denominator(mini_mask.sum().item())
             denom = tokens if AGGREGATIONS[algo.loss_agg].per_token else \
                 dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
-            micros = mini.split(trainer.micro_batch_size)
+            micros = micro_batches(mini, trainer.micro_batch_size, batch.rollouts.group_size)
             for i, rows in enumerate(micros):
                 micro = batch.take(rows)
                 loss, stats = micro_loss(algo, actor, micro, denom, tokens, trainer.temperature, warp)
@@ -88,6 +91,21 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
                     stats["grad_norm"] = grad_norm
                 accumulate(sums, stats)
     return sums, mini_batches
+
+
+def micro_batches(mini: Tensor, size: int, group_size: int) -> list[Tensor]:
+    """The rows of a mini-batch `mini` [M] (shuffled row indices) cut into micro-batches of at most `size` rows along
+    groups: each group's rows together (groups in the order their first row was drawn), so that a prompt shared by
+    a group runs once per micro-batch that holds it (mrl.models.Actor's `prompt_width`), ~one pass per prompt a
+    mini-batch, not one per micro-batch.  The mini-batch's gradient is unchanged: its loss is the sum of its rows',
+    over a denominator fixed for the mini-batch.  One that fits a micro-batch is kept in the order drawn."""
+    if len(mini) <= size:
+        return [mini]
+    group = mini // group_size  # [M] rows g*G .. g*G+G-1 are group g's (mrl.rollout.Rollouts)
+    position = torch.arange(len(mini))
+    first = torch.full((int(group.max()) + 1,), len(mini)).scatter_reduce(0, group, position, "amin")
+    order = torch.argsort(first[group] * len(mini) + position)  # by group's first draw, then as drawn
+    return list(mini[order].split(size))
 
 
 def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
