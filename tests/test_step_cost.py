@@ -1,0 +1,152 @@
+"""What a step computes (issue 45): the update runs each group's prompt once per step, its micro-batches trimmed to
+their own widths, and still computes exactly the gradient of the untrimmed, unshared batch; the native decoder
+stops computing finished rows and still draws every row's tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import compose_config
+from test_decoder import PAD, draw, family_model
+from test_update import GradCapture
+
+from mrl import decoder as decoder_module
+from mrl.decoder import inverse_cdf
+from mrl.losses import aggregate, clipped_surrogate
+from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
+from mrl.rollout import Rollouts, Sampling, native_decode
+from mrl.update import UpdateBatch, micro_batches, policy_forward, update
+
+G, T = 3, 5
+PROMPT_LENGTHS = [4, 2, 3]  # per group, in a prompt width of 5: one column every row pads
+COMPLETION_LENGTHS = [[2, 5, 1], [3, 1, 2], [2, 2, 1]]  # row 1 at the token limit T, the rest end early
+
+
+def test_micro_batches_are_cut_along_groups_in_the_order_drawn():
+    # groups of 3: row r is group r // 3; drawn 4, 0, 7, ...: group 1 first, then 0, then 2, rows as drawn
+    mini = torch.tensor([4, 0, 7, 1, 5, 8, 2, 3, 6])
+    assert [m.tolist() for m in micro_batches(mini, 6, 3)] == [[4, 5, 3, 0, 1, 2], [7, 8, 6]]
+    assert [m.tolist() for m in micro_batches(mini, 9, 3)] == [mini.tolist()]  # one micro-batch: kept as drawn
+    assert [m.tolist() for m in micro_batches(mini, 4, 3)] == [[4, 5, 3, 0], [1, 2, 7, 8], [6]]
+
+
+def batch_of(groups: int, group_size: int, prompt_lengths: list[int], completion_lengths: list[list[int]],
+             width: int, tokens: int) -> Rollouts:
+    """`groups` prompts left-padded to `width`, each `group_size` completions right-padded to `tokens`."""
+    gen = torch.Generator().manual_seed(0)
+    rows = groups * group_size
+    prompts = torch.randint(4, 32, (groups, width), generator=gen)
+    prompt_mask = torch.tensor([[0] * (width - n) + [1] * n for n in prompt_lengths])
+    lengths = torch.tensor(completion_lengths).reshape(rows)
+    completion_mask = (torch.arange(tokens) < lengths[:, None]).long()
+    completion = torch.randint(4, 32, (rows, tokens), generator=gen) * completion_mask
+    group = torch.arange(rows) // group_size
+    return Rollouts((prompts * prompt_mask)[group], prompt_mask[group], completion, completion_mask,
+                    completion_mask.clone(), [None] * rows, group_size)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = compose_config()
+    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu")).eval()
+
+
+def unshared(actor: Actor, batch: Rollouts) -> torch.Tensor:
+    """Per-token log-probs [N, T] by one padded forward of every row, its prompt its own (no prompt_width)."""
+    attention = batch.attention_mask
+    return actor(batch.input_ids, attention, position_ids(attention), batch.completion_ids.shape[1] + 1,
+                 targets=batch.completion_ids)[0]
+
+
+def relative_gap(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((got - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype,micro,tolerance", [(torch.float32, 6, 1e-6), (torch.float64, 6, 2e-7),
+                                                   (torch.float64, 1, 1e-13)])
+def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, micro, tolerance):
+    """3 groups x 3 rows, prompts of 4, 2 and 3 tokens in 5 columns, completions ending early and one at the limit,
+    in micro-batches of 6 rows (and of 1): each micro-batch's log-probs are the padded batch's, and the accumulated
+    gradient of every parameter is the one-forward loss's.  float64: log-probs within 1e-13; the gradient is exact
+    (1e-16) where a micro-batch holds one prompt, and 1e-7 where a micro-batch's rows share several prompts' passes
+    (Actor's prompt_width), as much as a whole batch in one micro-batch was off before micro-batches were trimmed."""
+    model = tiny.to(dtype)
+    actor = Actor(model)
+    batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
+    mask = batch.completion_mask.to(dtype)
+    advantages = torch.linspace(-1.5, 2.0, 9, dtype=dtype)[:, None] * mask
+    with torch.no_grad():
+        padded = unshared(actor, batch)  # [N, T]
+    old = padded - torch.linspace(-0.3, 0.3, 9 * T, dtype=dtype).view(9, T)  # ratios 0.74 .. 1.35: clips too
+    updates = UpdateBatch(batch, mask, advantages, old_logprobs=old)
+    with torch.no_grad():
+        for rows in micro_batches(torch.randperm(9), micro, G):
+            part = updates.take(rows)
+            width = part.rollouts.completion_ids.shape[1]
+            got = policy_forward(actor, part.rollouts)[0]
+            live = part.loss_mask.bool()
+            assert relative_gap(got[live], padded[rows, :width][live]) <= min(tolerance, 1e-6 if dtype == torch.float32
+                                                                              else 1e-13)
+    assert {updates.take(rows).rollouts.completion_ids.shape[1] for rows in micro_batches(torch.arange(9), 6, G)} \
+        == {5, 2}  # the micro-batch without the row at the limit is trimmed
+
+    cfg = compose_config(f"trainer.micro_batch_size={micro}", "trainer.num_mini_batches=1", "algo.epochs=1",
+                         "algo.loss_agg=token_mean", "algo.entropy_coef=0.0", "algo.kl_coef=0.0",
+                         "trainer.temperature=1.0", "algo.clip_low=0.2", "algo.clip_high=0.2")
+    capture = GradCapture(actor)
+    update(cfg, capture, None, updates)
+    loss = aggregate(clipped_surrogate(unshared(actor, batch), old, advantages, 0.2, 0.2)[0], mask, "token_mean",
+                     mask.sum().item())
+    loss.backward()
+    for name, param in actor.named_parameters():
+        assert relative_gap(capture.steps[0][name], param.grad) <= tolerance, name
+    actor.zero_grad(set_to_none=True)
+    model.float()
+
+
+def prompt_passes(actor: Actor) -> list[int]:
+    """Rows of each prompt pass the actor's decoder runs (a call that fills an empty cache: Actor's shared prompt)."""
+    passes: list[int] = []
+
+    def count(_module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if kwargs.get("use_cache") and cache is not None and cache.get_seq_length() == 0:
+            passes.append(kwargs["input_ids"].shape[0])
+
+    actor.policy.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
+    return passes
+
+
+def test_the_bfcl_steps_update_runs_each_prompt_once(tiny):
+    """`make train-bfcl`'s shape: 4 prompts x 6 rollouts in micro-batches of 12 -> 4 prompt passes a step (row
+    shuffling cut ~8: a micro-batch of 12 random rows holds ~4 prompts), whatever the draw."""
+    lengths = [[64 - 9 * r for r in range(6)] for _ in range(4)]
+    batch = batch_of(4, 6, [5, 3, 4, 2], lengths, 6, 64)
+    mask = batch.completion_mask.float()
+    cfg = compose_config("trainer.micro_batch_size=12", "trainer.num_mini_batches=1", "algo.epochs=1")
+    actor = Actor(tiny)
+    passes = prompt_passes(actor)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        passes.clear()
+        update(cfg, GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
+        assert len(passes) == 2 and sum(passes) == 4  # two micro-batches of two groups each: 4 distinct prompts
+
+
+def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(monkeypatch):
+    """Greedy and sampled (inverse_cdf: the CPU's own draw; HF's multinomial is tested against HF generate in
+    test_decoder), the same seed gives the same tokens whether the finished rows are dropped or computed to the end;
+    dropped, the decoder computes fewer rows."""
+    model = family_model("llama")
+    rows_computed: list[int] = []
+    model.model.embed_tokens.register_forward_pre_hook(lambda _m, args: rows_computed.append(args[0].shape[0]))
+    for sampling in (Sampling(12, greedy=True), Sampling(12, temperature=1.3)):
+        monkeypatch.setattr(decoder_module, "COMPACT_AT", 0.0)  # never drops a row
+        rows_computed.clear()
+        kept = draw(lambda m, r, s: native_decode(m, r, s, draw=inverse_cdf), model, sampling, cached=5)
+        everything = sum(rows_computed)
+        monkeypatch.setattr(decoder_module, "COMPACT_AT", 0.75)
+        rows_computed.clear()
+        dropped = draw(lambda m, r, s: native_decode(m, r, s, draw=inverse_cdf), model, sampling, cached=5)
+        assert torch.equal(dropped, kept)
+        assert (kept[:, -1] == PAD).sum() >= 3 and sum(rows_computed) < everything
