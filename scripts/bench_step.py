@@ -1,0 +1,293 @@
+"""make bench-step: what one BFCL RL step costs, on this commit, on an earlier commit, and in TRL, side by side.
+
+    python scripts/bench_step.py [--base /tmp/base45] [--steps 3] [--threads 1] [--arms mrl,base,trl]
+
+The step is `make train-bfcl`'s RL setting: SmolLM2-135M-Instruct, BFCL simple_python's train prompts with their
+own functions as tools (chat template), GDPO, 4 prompts x 6 rollouts, 64 new tokens, micro-batches of 12, fp32 on
+a CPU.  It starts from the instruct model itself, not from the 15-step SFT start `make train-bfcl` trains first
+(none is kept: building one costs ~6 minutes), so fewer of its rollouts end before the 64-token limit.
+
+Arms, each in its own process, taking turns one step each (the order rotating every step), pinned to the same
+cores with `--threads` torch threads (scripts/bench.py's machinery): `mrl` (this tree), `base` (the same script
+with `--base`'s checkout first on PYTHONPATH: `git worktree add /tmp/base45 8b63511`, the commit before issue 45)
+and `trl` (TRL's GRPOTrainer on the same prompts as text, the same group size, budget and sampling; a stand-in
+reward, which changes nothing of its work).  The first step of each is a warm-up (`--warmup`).
+
+Per arm, medians over the timed steps: rollout and update seconds (wall and CPU; TRL's update is its step less its
+`_generate_and_score_completions`), tokens the model computed in each phase (every id its embedding layer read,
+padding included) against the unique tokens (each distinct prompt once, each transcript token once), and the
+update's achieved GFLOP/s: 6 x (decoder weights x tokens computed + output layer x scored tokens) per second, the
+rate of the arithmetic the update did, against the fp32 matmul peak of the same cores and threads, measured
+before and after the steps (a 1024 x 1024 matmul, best of 20).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench
+from bench import ROOT, Hooks, clocks, load_average, report, worker_cores
+
+ARMS = ("mrl", "base", "trl")
+P, G, TOKENS, MICRO = 4, 6, 64, 12
+TRAIN_BFCL = ("model=smollm2_local", "rewards=bfcl", "algo=gdpo", f"trainer.prompts_per_step={P}",
+              f"trainer.group_size={G}", f"trainer.max_new_tokens={TOKENS}", "trainer.lr=2e-6",
+              "trainer.temperature=1.0", f"trainer.micro_batch_size={MICRO}", "trainer.eval_every=0", "logger=none",
+              "trainer.device=cpu")
+
+
+def bfcl_config(steps: int):
+    from hydra import compose, initialize_config_dir
+
+    import mrl.config  # noqa: F401  registers the schemas
+    from mrl.config import CONF_DIR
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=[*TRAIN_BFCL, f"trainer.max_steps={steps}", f"trainer.save_every={steps}"])
+
+
+class StepHooks(Hooks):
+    """bench.Hooks, reporting also each phase's seconds and tokens (`counts`, filled by the arm)."""
+
+    def __init__(self, steps: int):
+        super().__init__(steps)
+        self.counts: dict[str, Any] = {}
+
+    def before_step(self, step: int) -> None:
+        super().before_step(step)
+        self.counts = {"rollout_tokens": 0, "update_tokens": 0, "update_wall_s": 0.0, "update_cpu_s": 0.0}
+
+    def after_step(self, step: int, mean_length: float) -> None:
+        wall, cpu = (b - a for a, b in zip(self.started, clocks()))
+        report({"step": step, "wall_s": wall, "cpu_s": cpu, "rollout_wall_s": self.rollout[0],
+                "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})
+
+
+def weights(model) -> dict[str, int]:
+    """The decoder's matmul weights (its layers' 2-D parameters) and the output layer's, in elements."""
+    layers = sum(p.numel() for p in model.get_decoder().layers.parameters() if p.dim() == 2)
+    return {"body_weights": layers, "head_weights": model.get_output_embeddings().weight.numel()}
+
+
+def unique_tokens(rollouts) -> int:
+    """Each distinct prompt's tokens once, and every transcript token."""
+    import torch
+
+    distinct = torch.unique(rollouts.prompt_ids * rollouts.prompt_mask, dim=0)
+    return int((distinct != 0).sum() + rollouts.completion_attention.sum())
+
+
+def run_mrl_arm(steps: int, hooks: StepHooks) -> None:
+    """mrl's `train` (this tree's, or `--base`'s: whichever `mrl` imports), every id its embedding reads counted."""
+    phase = {"name": "rollout"}
+
+    def phases(name, fn):
+        def counted(*args, **kwargs):
+            if name == "collect" and not hasattr(hooks, "weights"):
+                model = args[2].model  # the engine samples from the training module
+                model.get_input_embeddings().register_forward_pre_hook(
+                    lambda _m, inputs: hooks.counts.__setitem__(
+                        f"{phase['name']}_tokens", hooks.counts[f"{phase['name']}_tokens"] + inputs[0].numel()))
+                hooks.weights = weights(model)
+            if name != "update":
+                return fn(*args, **kwargs)
+            phase["name"], start = "update", clocks()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                phase["name"] = "rollout"
+                wall, cpu = (b - a for a, b in zip(start, clocks()))
+                batch = args[3]
+                hooks.counts.update(update_wall_s=wall, update_cpu_s=cpu, unique_tokens=unique_tokens(batch.rollouts),
+                                    scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
+                                    **hooks.weights)
+        return counted
+
+    bench.mrl_config = lambda shape, n, engine="auto": bfcl_config(n)
+    bench.run_mrl(bench.SHAPES["smollm2"], steps, hooks, phases=phases)
+
+
+def run_trl_arm(steps: int, hooks: StepHooks) -> None:
+    """TRL's GRPOTrainer on the prompts mrl's first `steps` steps draw, rendered as mrl renders them (text)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from mrl.models import load_tokenizer, quiet_transformers, resolve_model_path
+    from mrl.tasks import build_task, episode_protocol
+
+    quiet_transformers()
+    cfg = bfcl_config(steps)
+    path = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(path)
+    task = build_task(cfg)
+    protocol = episode_protocol(cfg, tokenizer, task)
+    texts = [tokenizer.decode(protocol.prompt_ids(task.prompt(i)), skip_special_tokens=False)
+             for i in range(P * steps)]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    shape = bench.Shape("bfcl", (), prompts=P, group=G, tokens=TOKENS, lr=2e-6)
+    args = GRPOConfig(**bench.trl_args(shape, steps, tempfile.mkdtemp(prefix="trl-bench-step-")))
+    phase = {"name": "update"}
+
+    def reward(completions, **_):  # a stand-in: TRL's work does not depend on the rewards' values
+        return [float("<tool_call>" in c) + 0.01 * len(c) for c in completions]
+
+    class Synced(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            hooks.before_step(state.global_step + 1)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            hooks.counts["update_wall_s"] = (time.perf_counter() - hooks.started[0]) - hooks.rollout[0]
+            hooks.counts["update_cpu_s"] = (time.process_time() - hooks.started[1]) - hooks.rollout[1]
+            lengths = trainer._metrics["train"].get("completions/mean_length") or [float("nan")]
+            hooks.after_step(state.global_step, lengths[-1])
+            if state.global_step == steps:
+                hooks.finish()
+
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list([{"prompt": t} for t in texts]), callbacks=[Synced()])
+    hooks.weights = weights(model)
+    model.get_input_embeddings().register_forward_pre_hook(lambda _m, inputs: hooks.counts.__setitem__(
+        f"{phase['name']}_tokens", hooks.counts[f"{phase['name']}_tokens"] + inputs[0].numel()))
+    generate = trainer._generate_and_score_completions
+
+    def rollout(*a, **k):
+        phase["name"] = "rollout"
+        try:
+            return generate(*a, **k)
+        finally:
+            phase["name"] = "update"
+
+    trainer._generate_and_score_completions = hooks.timed_rollout(rollout)
+    trainer.train()
+
+
+def worker(arm: str, steps: int, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    hooks = StepHooks(steps)
+    (run_trl_arm if arm == "trl" else run_mrl_arm)(steps, hooks)
+
+
+def matmul_peak(threads: int, n: int = 1024, tries: int = 20) -> float:
+    """fp32 GFLOP/s of an n x n matmul on these cores, the best of `tries`."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best / 1e9
+
+
+class Worker(bench.Worker):
+    """bench.Worker running this script, `--base`'s checkout first on the path for the base arm."""
+
+    def __init__(self, arm: str, steps: int, threads: int, log: Path, base: Path):
+        import subprocess
+
+        self.framework, self.log = arm, log
+        self.stderr = open(log, "w")
+        env = bench.worker_env(threads)
+        if arm == "base":
+            env["PYTHONPATH"] = os.pathsep.join([str(base), env["PYTHONPATH"]])
+        cores = worker_cores(threads)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--worker", arm, "--steps", str(steps), "--threads",
+                                      str(threads)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True, env=env,
+                                     preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+def summary(got: list[dict[str, Any]], peak: float) -> dict[str, float]:
+    med = lambda key: statistics.median(r[key] for r in got)  # noqa: E731
+    row = {key: med(key) for key in ("wall_s", "cpu_s", "rollout_wall_s", "rollout_cpu_s", "update_wall_s",
+                                     "update_cpu_s", "rollout_tokens", "update_tokens")}
+    row["mean_length"] = statistics.mean(r["mean_length"] for r in got)
+    if "body_weights" in got[0]:
+        flops = [6 * (r["body_weights"] * r["update_tokens"] + r["head_weights"] * r.get("scored_tokens", 0))
+                 for r in got]
+        row["gflops"] = statistics.median(f / r["update_cpu_s"] / 1e9 for f, r in zip(flops, got))
+        row["peak_share"] = row["gflops"] / peak
+    if "unique_tokens" in got[0]:
+        row["unique_tokens"] = med("unique_tokens")
+    return row
+
+
+def table(rows: dict[str, dict[str, float]], peak: float) -> str:
+    lines = ["| arm | rollout s (CPU) | update s (CPU) | step s (CPU) | step s (wall) | tokens computed: rollout / "
+             "update | unique tokens | update GFLOP/s | % of peak | mean completion |", "|---|" + "---|" * 9]
+    for arm, r in rows.items():
+        lines.append(
+            f"| {arm} | {r['rollout_cpu_s']:.2f} | {r['update_cpu_s']:.2f} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
+            f"{r['rollout_tokens']:.0f} / {r['update_tokens']:.0f} | {r.get('unique_tokens', float('nan')):.0f} | "
+            f"{r.get('gflops', float('nan')):.1f} | {100 * r.get('peak_share', float('nan')):.0f}% | "
+            f"{r['mean_length']:.1f} |")
+    lines.append(f"\nfp32 matmul peak of the same cores: {peak:.1f} GFLOP/s")
+    for arm in rows:
+        if arm != "mrl" and "mrl" in rows:
+            for key in ("cpu_s", "rollout_cpu_s", "update_cpu_s", "wall_s"):
+                lines.append(f"{arm} / mrl, {key}: {rows[arm][key] / rows['mrl'][key]:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per arm, after one warm-up step")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per arm first (0 on a loaded machine: "
+                        "the first step then carries the first-use costs, a few seconds)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {','.join(ARMS)}")
+    parser.add_argument("--base", type=Path, default=Path("/tmp/base45"),
+                        help="a checkout of the commit to compare with (git worktree add /tmp/base45 8b63511)")
+    parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.steps, args.threads)
+    arms = [a for a in args.arms.split(",") if a]
+    if "base" in arms and not (args.base / "mrl").is_dir():
+        raise SystemExit(f"--base {args.base}: no checkout there; git worktree add {args.base} 8b63511")
+    logs = ROOT / "outputs" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"load average before: {load_average()} ({os.cpu_count()} cores), {args.threads} thread(s) per arm on "
+          f"core(s) {sorted(worker_cores(args.threads))}", flush=True)
+    os.sched_setaffinity(0, worker_cores(args.threads))
+    peaks = [matmul_peak(args.threads)]
+    total = args.steps + args.warmup
+    workers = {arm: Worker(arm, total, args.threads, logs / f"step-{arm}.log", args.base) for arm in arms}
+    got: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    try:
+        for step in range(1, total + 1):
+            for arm in arms[(step - 1) % len(arms):] + arms[:(step - 1) % len(arms)]:
+                r = workers[arm].step()
+                print(f"  step {step} {arm}: CPU {r['cpu_s']:.2f} s (rollout {r['rollout_cpu_s']:.2f}, update "
+                      f"{r['update_cpu_s']:.2f}), wall {r['wall_s']:.2f} s, tokens {r['rollout_tokens']} / "
+                      f"{r['update_tokens']}, mean length {r['mean_length']:.1f}" + ("  (warm-up)" if step <= args.warmup
+                                                                                     else ""), flush=True)
+                if step > args.warmup:
+                    got[arm].append(r)
+    finally:
+        for w in workers.values():
+            w.close()
+    peaks.append(matmul_peak(args.threads))
+    peak = max(peaks)
+    rows = {arm: summary(got[arm], peak) for arm in arms}
+    print(f"load average after: {load_average()}; matmul peak before / after: {peaks[0]:.1f} / {peaks[1]:.1f}")
+    print(table(rows, peak))
+    (logs / "bench_step.json").write_text(json.dumps({"peak_gflops": peaks, "rows": rows, "raw": got}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
