@@ -272,10 +272,10 @@ def main() -> None:
         for step in range(1, total + 1):
             for arm in arms[(step - 1) % len(arms):] + arms[:(step - 1) % len(arms)]:
                 r = workers[arm].step()
+                warm = "  (warm-up)" if step <= args.warmup else ""
                 print(f"  step {step} {arm}: CPU {r['cpu_s']:.2f} s (rollout {r['rollout_cpu_s']:.2f}, update "
                       f"{r['update_cpu_s']:.2f}), wall {r['wall_s']:.2f} s, tokens {r['rollout_tokens']} / "
-                      f"{r['update_tokens']}, mean length {r['mean_length']:.1f}" + ("  (warm-up)" if step <= args.warmup
-                                                                                     else ""), flush=True)
+                      f"{r['update_tokens']}, mean length {r['mean_length']:.1f}{warm}", flush=True)
                 if step > args.warmup:
                     got[arm].append(r)
     finally:
