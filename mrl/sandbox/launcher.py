@@ -141,8 +141,9 @@ def _bwrap_base(memory_mb: float = 256) -> tuple[str, ...]:
     """The bwrap command line up to the interpreter; raises SandboxUnavailable where bwrap is not installed.
 
     Mounts, in order (bwrap applies them so): the interpreter and its libraries read-only; a /proc of the
-    sandbox's own PID namespace, its host files (_HOST_PROC) empty, read-only, so that /proc/sys and /proc/sysrq-trigger cannot be written (uid 65534
-    inside is the trainer's uid outside: as root, DAC alone would let it write the host's kernel settings); a
+    sandbox's own PID namespace without the host's files (_HOST_PROC), read-only, so that /proc/sys and
+    /proc/sysrq-trigger cannot be written (uid 65534 inside is the trainer's uid outside: as root, DAC alone would
+    let it write the host's kernel settings); a
     minimal /dev (null, zero, full, random, urandom, tty, pts), read-only, with a small /dev/shm; /tmp; then the
     root itself read-only, so that /tmp and /dev/shm, both size-limited, are the only places it can write."""
     exe = shutil.which("bwrap")
