@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
+from mrl import fits
 from mrl.collect import Scored
 from mrl.config import CONF_DIR, TrainConfig, UserError
 from mrl.episode import Prompt
@@ -263,6 +264,9 @@ def run_config(run_dir: Path, trust_config: bool = False):
     import yaml
 
     saved = run_dir / ".hydra" / "config.yaml"
+    if saved.is_symlink():  # a link to a host file would have its first line printed in the refusal below
+        raise UserError(f"{saved} is a symlink: a run dir's config is its own file; replace the link with the "
+                        "config `mrl train` wrote, or score the checkpoint with --model DIR")
     if not saved.is_file():
         raise UserError(f"{run_dir}: not a run dir (no .hydra/config.yaml); give the dir `mrl train` wrote")
     try:
@@ -359,6 +363,7 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     eval.json's content."""
     check_counts(num_prompts, samples)
     cfg = with_overrides(run_config(run_dir, trust_config), overrides)
+    fits.check(cfg)  # a foreign run's counts and task sizes, before anything is built
     checkpoint = intact_checkpoint(run_dir, f"mrl eval {run_dir}")  # a damaged one is skipped, with a warning
     quiet_transformers()
     device = pick_device(cfg.trainer.device)
