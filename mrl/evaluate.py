@@ -30,8 +30,9 @@ from mrl import fits
 from mrl.collect import Scored
 from mrl.config import CONF_DIR, TrainConfig, UserError
 from mrl.episode import Prompt
+from mrl.lora import is_adapter_dir
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
-from mrl.restore import load_for_inference
+from mrl.restore import adapter_base, load_for_inference
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.rundir import atomic_write_text, intact_checkpoint
@@ -370,6 +371,8 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     tokenizer = load_tokenizer(str(checkpoint / "policy"))
     policy = load_for_inference(checkpoint, cfg.model, device).eval()  # LoRA: adapters merged into the base
     header = {"run_dir": str(run_dir), "checkpoint": checkpoint.name}
+    if is_adapter_dir(checkpoint / "policy"):  # the weights beside the checkpoint's that were scored
+        header["base_model"] = adapter_base(checkpoint, cfg.model)
     return evaluate_policy(cfg, policy, tokenizer, device, num_prompts, samples, seed, header, out or run_dir)
 
 
