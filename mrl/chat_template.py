@@ -19,6 +19,7 @@ from jinja2.exceptions import TemplateError
 from mrl.config import UserError
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+MAX_LAYOUTS = 64  # tool names whose rendered layout ChatTemplate.suffix keeps (least recently used dropped)
 
 
 def call_text(name: str, arguments: Any) -> str:
@@ -107,9 +108,10 @@ class ChatTemplate:
         from the sampled history, and cut after the assistant's end-of-turn token.  after_stop: the turn ended at
         `</tool_call>`, before the template's end of turn, which the suffix then starts with.
         """
-        if name not in self._layouts:
-            self._layouts[name] = _layout(self, _dummy(self, name), name)
-        prefix, cut, closing = self._layouts[name]
+        prefix, cut, closing = self._layouts.pop(name, None) or _layout(self, _dummy(self, name), name)
+        self._layouts[name] = prefix, cut, closing  # the most recently used last: a dict keeps insertion order
+        if len(self._layouts) > MAX_LAYOUTS:  # a tool name the policy invented costs ~40 KB: keep the recent ones
+            del self._layouts[next(iter(self._layouts))]
         user = [{"role": "user", "content": then_user}] if then_user is not None else []
         text = self.render(_dummy(self, name) + [self.tool_message(name, result)] + user, generation_prompt=True)
         if text[:cut] != prefix:

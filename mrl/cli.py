@@ -144,6 +144,7 @@ def report(
 ) -> None:
     """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means; write
     the same as an interactive page (report.html) with a CSV per run of every metric."""
+    from mrl.config import UserError
     from mrl.report import ReportError, make_report  # start-up time: `mrl --help` imports none of it
 
     for flag, value, default in (("--last", last, 10), ("--smooth", smooth, 10)):
@@ -152,7 +153,7 @@ def report(
                             "--smooth 1 plots the raw curve)")
     try:
         png, table = make_report(run_dirs, out, last, smooth)
-    except ReportError as err:
+    except (ReportError, UserError) as err:  # UserError: a symlink where the report writes
         exit_with_error(str(err))
     print(table)
     html = png.with_suffix(".html")

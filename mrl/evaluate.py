@@ -26,11 +26,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
+from mrl import fits
 from mrl.collect import Scored
 from mrl.config import CONF_DIR, TrainConfig, UserError
 from mrl.episode import Prompt
+from mrl.lora import is_adapter_dir
 from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_transformers, resolve_model_path
-from mrl.restore import load_for_inference
+from mrl.restore import adapter_base, load_for_inference
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.rundir import atomic_write_text, intact_checkpoint
@@ -263,6 +265,9 @@ def run_config(run_dir: Path, trust_config: bool = False):
     import yaml
 
     saved = run_dir / ".hydra" / "config.yaml"
+    if saved.is_symlink():  # a link to a host file would have its first line printed in the refusal below
+        raise UserError(f"{saved} is a symlink: a run dir's config is its own file; replace the link with the "
+                        "config `mrl train` wrote, or score the checkpoint with --model DIR")
     if not saved.is_file():
         raise UserError(f"{run_dir}: not a run dir (no .hydra/config.yaml); give the dir `mrl train` wrote")
     try:
@@ -359,12 +364,15 @@ def evaluate(run_dir: Path, num_prompts: int = 64, samples: int = 4, seed: int =
     eval.json's content."""
     check_counts(num_prompts, samples)
     cfg = with_overrides(run_config(run_dir, trust_config), overrides)
+    fits.check(cfg)  # a foreign run's counts and task sizes, before anything is built
     checkpoint = intact_checkpoint(run_dir, f"mrl eval {run_dir}")  # a damaged one is skipped, with a warning
     quiet_transformers()
     device = pick_device(cfg.trainer.device)
     tokenizer = load_tokenizer(str(checkpoint / "policy"))
     policy = load_for_inference(checkpoint, cfg.model, device).eval()  # LoRA: adapters merged into the base
     header = {"run_dir": str(run_dir), "checkpoint": checkpoint.name}
+    if is_adapter_dir(checkpoint / "policy"):  # the weights beside the checkpoint's that were scored
+        header["base_model"] = adapter_base(checkpoint, cfg.model)
     return evaluate_policy(cfg, policy, tokenizer, device, num_prompts, samples, seed, header, out or run_dir)
 
 

@@ -11,16 +11,18 @@ of runs (the reproductions call it on theirs, and also write a copy that loads p
 
 from __future__ import annotations
 
-import json
+import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
+from mrl import bounded
 from mrl.config import UserError
 from mrl.distributed import warn
-from mrl.rundir import LINEAGE_FILE
+from mrl.rundir import LINEAGE_FILE, atomic_write_text, own_dir
 from mrl.tracking import METRICS_FILE, read_metrics
 
 
@@ -76,12 +78,12 @@ def chain_stages(runs: list[Run]) -> list[Run]:
 
     def offset(run: Run, seen: frozenset = frozenset()) -> int:
         lineage = run.path / LINEAGE_FILE
-        if not lineage.exists() or run.path in seen:
+        if not lineage.is_file() or run.path in seen:  # is_file: a FIFO there would hang the read
             return 0
-        try:
-            source = json.loads(lineage.read_text())
+        try:  # bounded: `Infinity` or nesting 100,000 deep was a traceback
+            source = bounded.loads(lineage.read_text(encoding="utf-8"), 1 << 20)
             parent, step = by_dir.get(Path(source["source_run"])), int(source["step"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             warn(f"{lineage} is unreadable: {run.path} is drawn from step 0")
             return 0
         return 0 if parent is None else step + offset(parent, seen | {run.path})
@@ -227,10 +229,12 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
     fig.tight_layout()
     png = out or (paths[0] / "report.png")
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    atomic_write_text(png, image.getvalue())  # every file the report writes: never through a planted symlink
     table = final_table(runs, panels, last) + priced_table(runs, last) + held_out_table(runs, held_out)
-    png.with_suffix(".md").write_text(table + "\n")
+    atomic_write_text(png.with_suffix(".md"), table + "\n")
     write_html_report(runs, png.with_suffix(".html"), last, smooth)
     return png, table
 
@@ -261,8 +265,20 @@ def held_out_rows(runs: list[Run], held_out: list[tuple[str, list[str]]]) -> tup
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    lines = ["| " + " | ".join(map(markdown_cell, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows])
+
+
+def markdown_cell(text: str) -> str:
+    """A label or key as one table cell: HTML escaped, `|` escaped, control characters (newlines) as spaces, so
+    that a metric key a run logged cannot add rows, lines or markup to report.md (issue 44).
+
+    >>> markdown_cell("a|b\\n<img src=x onerror=alert(1)>")
+    'a\\\\|b &lt;img src=x onerror=alert(1)&gt;'
+    """
+    from html import escape
+
+    return re.sub(r"[\x00-\x1f\x7f]", " ", escape(str(text), quote=False)).replace("|", "\\|")
 
 
 def final_table(runs: list[Run], panels: list[str], last: int) -> str:
@@ -357,19 +373,34 @@ def write_run_csvs(runs: list[Run], labels: list[str], data_dir: Path) -> list[P
     import json
     import re
 
-    data_dir.mkdir(parents=True, exist_ok=True)
+    own_dir(data_dir)
     paths, taken = [], set()
     for run, label in zip(runs, labels):
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
         name = next(f"{stem}{n or ''}.csv" for n in range(len(runs) + 1) if f"{stem}{n or ''}.csv" not in taken)
         taken.add(name)
-        with (data_dir / name).open("w", newline="") as file:
-            writer = csv.DictWriter(file, fieldnames=["step", *(k for k in run.keys() if k != "step")])
-            writer.writeheader()
-            for record in run.records:  # a list or a dict (none logged today) as JSON, not Python's repr
-                writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in record.items()})
+        text, fields = io.StringIO(), ["step", *(k for k in run.keys() if k != "step")]
+        writer = csv.writer(text)
+        writer.writerow(map(csv_cell, fields))
+        for record in run.records:  # a list or a dict (none logged today) as JSON, not Python's repr
+            writer.writerow(csv_cell(json.dumps(v) if isinstance(v, (list, dict)) else v)
+                            for v in (record.get(k, "") for k in fields))
+        atomic_write_text(data_dir / name, text.getvalue())
         paths.append(data_dir / name)
     return paths
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as the start of a formula
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet shows as text: a string that would start a formula (a metric key `=HYPERLINK(...)`,
+    `@SUM(...)`) gets a leading `'`, as OWASP advises; numbers, negative ones included, stay numbers.
+
+    >>> [csv_cell(v) for v in ("=cmd|' /C calc'!A0", "@SUM(A1)", "reward/x/mean", -0.5)]
+    ["'=cmd|' /C calc'!A0", "'@SUM(A1)", 'reward/x/mean', -0.5]
+    """
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def run_styles(labels: list[str]) -> dict[str, tuple[str, str]]:
@@ -523,6 +554,6 @@ def write_html_report(runs: list[Run], out_path: Path, last: int = 10, smooth: i
     about = (f"{len(runs)} run{'s' * (len(runs) > 1)}. Training curves: {smoothing}; held-out: each point a mean "
              "over the held-out prompts, unsmoothed. Hover a line for its step, run and value.")
     cols = max(len(panels) + len(priced), len(held_out))
-    out_path.write_text(PAGE.format(title=escape(title), about=escape(about), min_width=300 * cols + 220,
-                                    figure=figure, tables=tables, links=links))
+    atomic_write_text(out_path, PAGE.format(title=escape(title), about=escape(about), min_width=300 * cols + 220,
+                                            figure=figure, tables=tables, links=links))
     return out_path

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import signal
+import stat
 import threading
 from enum import Enum
 from pathlib import Path
@@ -72,20 +73,32 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text`, all or nothing, even across a power cut: write a temp file, fsync, rename.  A
-    symlink at `path` is refused (renaming over it would leave its target alone, but say nothing)."""
+def atomic_write_text(path: Path, text: str | bytes) -> None:
+    """Replace `path` with `text` (or bytes), all or nothing, even across a power cut: write a temp file, fsync,
+    rename.  What mrl writes into a run dir or a report's dir goes through here (or open_nofollow): a symlink at
+    `path` is refused (renaming over it would leave its target alone, but say nothing)."""
     if path.is_symlink():
         open_nofollow(path, os.O_RDONLY)  # raises the one-line refusal
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     if tmp.is_symlink():  # left there to redirect this write: the link goes, its target is not touched
         tmp.unlink()
-    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as file:
+    mode = "wb" if isinstance(text, bytes) else "w"
+    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), mode) as file:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def own_dir(path: Path) -> Path:
+    """`path` made a directory (parents too) that is not a symlink: a planted link would send the files written
+    into it elsewhere (report_data/ linked to ~/.ssh)."""
+    if path.is_symlink():
+        raise UserError(f"{path} is a symlink, and mrl writes its files only into its own dirs: remove it "
+                        f"(rm {path}) or write elsewhere")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 # ---- the lock --------------------------------------------------------------------------------------------------
@@ -158,8 +171,13 @@ def _probe_writable(run_dir: Path) -> None:
 # ---- checkpoint manifests --------------------------------------------------------------------------------------
 
 def _sha256(path: Path, sync: bool = False) -> str:
+    """The file's sha256; a FIFO put there since it was checked is not waited on (O_NONBLOCK), and refused."""
     digest = hashlib.sha256()
-    with open(path, "rb") as file:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as file:
         while chunk := file.read(1 << 20):
             digest.update(chunk)
         if sync:
@@ -180,6 +198,20 @@ def seal_checkpoint(directory: Path, identity: dict[str, Any]) -> None:
         fsync_dir(folder)
 
 
+def foreign_files_problem(directory: Path) -> str | None:
+    """What in `directory` a loader must not open, in a few words, or None: a symlink (a checkpoint holds its own
+    files), or anything but a regular file or a directory (a FIFO named *.safetensors hung eval, export and resume in
+    open() for ever).  Only looks (lstat): nothing is opened."""
+    entries = [directory, *directory.rglob("*")]
+    links = [p for p in entries if p.is_symlink()]
+    if links:
+        return f"{links[0].relative_to(directory.parent)} is a symlink (a checkpoint holds its own files)"
+    odd = [p for p in entries if not (stat.S_ISREG(p.lstat().st_mode) or p.is_dir())]
+    if odd:
+        return f"{odd[0].relative_to(directory.parent)} is not a regular file (a FIFO, socket or device)"
+    return None
+
+
 _CHECKED: dict[Path, tuple[Any, str | None]] = {}  # checkpoint -> (its files' sizes and mtimes, problem)
 
 
@@ -188,11 +220,11 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     Hashing a large checkpoint takes seconds, so a result is kept while no file's size or mtime changes."""
     if not checkpoint.is_dir():
         return "missing"
-    links = [p for p in [checkpoint, *checkpoint.rglob("*")] if p.is_symlink()]
-    if links:
-        return f"{links[0].relative_to(checkpoint.parent)} is a symlink (a checkpoint holds its own files)"
-    stamp = tuple((str(p), stat.st_size, stat.st_mtime_ns)
-                  for p in sorted(checkpoint.rglob("*")) for stat in [p.stat()])
+    problem = foreign_files_problem(checkpoint)
+    if problem:
+        return problem
+    stamp = tuple((str(p), info.st_size, info.st_mtime_ns)
+                  for p in sorted(checkpoint.rglob("*")) for info in [p.stat()])
     cached = _CHECKED.get(checkpoint)
     if cached is not None and cached[0] == stamp:
         return cached[1]
@@ -215,6 +247,10 @@ def _verify(checkpoint: Path) -> str | None:
         return f"{MANIFEST} has wrong types (files: {{name: {{bytes: int, sha256: str}}}}, run: a mapping)"
     if STATE_FILE not in files:
         return f"{MANIFEST} lists no {STATE_FILE}"
+    unlisted = [p for p in sorted(checkpoint.rglob("*"))
+                if p.is_file() and p.relative_to(checkpoint).as_posix() not in (*files, MANIFEST)]
+    if unlisted:  # what a load opens, and what the size bounds count, are the listed files alone
+        return f"{unlisted[0].relative_to(checkpoint)} is not listed in {MANIFEST}"
     for name, entry in files.items():
         if name.startswith("/") or ".." in Path(name).parts:
             return f"{MANIFEST} lists {name!r}, outside the checkpoint"

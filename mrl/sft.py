@@ -48,6 +48,7 @@ from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.trainable import Trainable, pick_device
 from mrl.update import policy_forward
 from mrl.validation import validate
+from mrl.warm_start import warm_start
 
 
 def sft(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -121,8 +122,10 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     quiet_transformers()
     device = pick_device(cfg.trainer.device)
     resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
-    with dist.main_first():
+    with dist.main_first():  # a warm start's model dir is written once, by rank 0 (as mrl.loop.build_models does)
         init_path = resolve_model_path(cfg.model)
+        if cfg.trainer.get("init_from"):
+            init_path = warm_start(cfg.trainer.init_from, cfg.model, run_dir)
     tokenizer = load_tokenizer(init_path)
     actor = Trainable(Actor(load_policy(cfg.model, init_path, device, resume_from)), s.lr, cfg.trainer.weight_decay,
                       cfg.trainer.grad_clip, cfg.deepspeed, s.micro_batch_size, device)

@@ -93,7 +93,7 @@ class WandbSink:
         os.environ.setdefault("WANDB_SILENT", "true")
         id_file = run_dir / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
-        id_file.write_text(run_id)
+        atomic_write_text(id_file, run_id)
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
                               mode=cfg.mode, dir=str(run_dir), config=config, id=run_id, resume="allow")
 

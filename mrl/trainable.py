@@ -52,13 +52,15 @@ def torch_extensions_dir() -> Path:
     return Path.home() / ".cache" / "mrl" / "torch_extensions" / key
 
 
-def load_plain(path: Path) -> Any:
+def load_plain(path: Path, allowed: tuple[type, ...] = ()) -> Any:
     """A `.pt` file of tensors and plain containers (torch.load(weights_only=True): nothing is unpickled that could
-    run code); anything else is one line naming the file, not torch's page-long traceback."""
+    run code), and instances of the plain data classes `allowed`; anything else is one line naming the file, not
+    torch's page-long traceback."""
     import pickle
 
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, AttributeError, TypeError) as err:
         lines = [line for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
         first = next((line for line in lines if "GLOBAL" in line or "Unpickler" in line), lines[0])  # what it refused

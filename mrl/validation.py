@@ -65,11 +65,11 @@ def validate(cfg: DictConfig) -> None:
     (The run dir's own checks, under its lock: mrl.rundir.check_run_dir.)"""
     check_values(cfg)
     # Start-up time: the components import torch; imported once the plain checks passed, so refusals come fast.
-    from mrl import algos, demonstrations, lora, models, protocols, rollout, tasks, trainable, warm_start
+    from mrl import algos, demonstrations, fits, lora, models, protocols, rollout, tasks, trainable, warm_start
     from mrl.rewards import channels
 
-    for check in (rollout.check, algos.check, protocols.check, trainable.check, channels.check, models.check,
-                  tasks.check, lora.check, warm_start.check, demonstrations.check):
+    for check in (fits.check, rollout.check, algos.check, protocols.check, trainable.check, channels.check,
+                  models.check, tasks.check, lora.check, warm_start.check, demonstrations.check):
         check(cfg)
 
 

@@ -28,6 +28,7 @@ from mrl.protocols import Tool
 
 CALC = "calc"
 INTEGER = re.compile(r"-?\d+")
+MAX_DIGITS = 40  # characters of an answer read as a number
 
 
 class CalcAgent:
@@ -86,9 +87,10 @@ def answer_sentence(problem: Prompt) -> str:
 
 
 def final_answer(episode: Episode) -> int | None:
-    """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a call alone -> None."""
+    """The last integer of the policy's last turn, or None: `The answer is 85.` -> 85; a call alone -> None; one of
+    more than MAX_DIGITS characters -> None (no sum is that long, and int() refuses 4,301 digits by raising)."""
     found = INTEGER.findall(episode.turns[-1]) if episode.turns else []
-    return int(found[-1]) if found else None
+    return int(found[-1]) if found and len(found[-1]) <= MAX_DIGITS else None
 
 
 # -------------------------------------------------------------------------------------------------------- the channels

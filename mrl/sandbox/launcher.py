@@ -17,6 +17,7 @@ import select
 import selectors
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -78,20 +79,28 @@ def _python_mounts() -> list[str]:
 
 
 
-# The seccomp filter bwrap installs on the program (--seccomp): calls that reach into another process.  A program
-# that could ptrace the sandbox's PID 1 (bwrap's init, same uid) could clear its parent-death signal and keep the
-# namespace alive past the kill.  Syscall numbers per architecture (audit arch, then the numbers).
-_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
+# The seccomp filter bwrap installs on the program (--seccomp).  It fails with EPERM: calls that reach into another
+# process (a program that could ptrace the sandbox's PID 1, bwrap's init of the same uid, could clear its
+# parent-death signal and keep the namespace alive past the kill); the kernel keyrings, which no namespace bwrap
+# makes separates (uid 65534 inside is the trainer's uid outside: it read the trainer's session keyring, left keys
+# there and linked root's `_uid.0`; issue 44); and a socket of any family but AF_UNIX (multiprocessing's), since
+# AF_VSOCK reaches the VM's host whatever the network namespace.  Every call of another ABI fails too.
+# Syscall numbers per architecture (audit arch, then the numbers).
+_DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "keyctl", "add_key", "request_key")
+_SOCKETS = ("socket", "socketpair")  # denied unless their first argument (the family) is AF_UNIX
 _SYSCALLS = {
-    "x86_64": (0xC000003E, {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438}),
-    "aarch64": (0xC00000B7, {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438}),
+    "x86_64": (0xC000003E, {"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
+                            "keyctl": 250, "add_key": 248, "request_key": 249, "socket": 41, "socketpair": 53}),
+    "aarch64": (0xC00000B7, {"ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
+                             "keyctl": 219, "add_key": 217, "request_key": 218, "socket": 198, "socketpair": 199}),
 }
 
 
 @functools.lru_cache(maxsize=1)
 def seccomp_filter() -> bytes | None:
-    """A classic-BPF seccomp program (struct sock_filter[]) that fails _DENIED with EPERM, and every call of another
-    ABI (i386 through int 0x80, x32), or None on an architecture not in _SYSCALLS."""
+    """A classic-BPF seccomp program (struct sock_filter[]) that fails _DENIED, and _SOCKETS of a family other than
+    AF_UNIX, with EPERM, and every call of another ABI (i386 through int 0x80, x32), or None on an architecture not
+    in _SYSCALLS."""
     import platform
 
     arch = _SYSCALLS.get(platform.machine())
@@ -101,11 +110,15 @@ def seccomp_filter() -> bytes | None:
     load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     allow, deny = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     nrs = [numbers[name] for name in _DENIED]
-    # [arch] [arch == native? else deny] [nr] [nr >= x32 bit? deny] [nr == each? deny]... allow, deny
-    body = [(load, 0, 0, 4), (jeq, 0, 2 + len(nrs) + 1, audit_arch), (load, 0, 0, 0),
-            (jge, len(nrs) + 1, 0, 0x40000000)]
-    body += [(jeq, len(nrs) - i, 0, nr) for i, nr in enumerate(nrs)]
-    body += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
+    sockets = [numbers[name] for name in _SOCKETS]
+    n = len(nrs) + len(sockets)
+    # [arch] [arch == native? else deny] [nr] [nr >= x32 bit? deny] [nr == each denied? deny]
+    # [nr == each socket call? to the family check] allow; family: [args[0]] [== AF_UNIX? allow] deny
+    body = [(load, 0, 0, 4), (jeq, 0, n + 6, audit_arch), (load, 0, 0, 0), (jge, n + 4, 0, 0x40000000)]
+    body += [(jeq, n - i + 3, 0, nr) for i, nr in enumerate(nrs)]
+    body += [(jeq, len(sockets) - i, 0, nr) for i, nr in enumerate(sockets)]
+    body += [(ret, 0, 0, allow), (load, 0, 0, 16), (jeq, 0, 1, socket.AF_UNIX), (ret, 0, 0, allow),
+             (ret, 0, 0, deny)]
     return b"".join(struct.pack("=HBBI", *instruction) for instruction in body)
 
 
@@ -116,13 +129,21 @@ def tmpfs_sizes(memory_mb: float) -> tuple[int, int]:
     return max(4096, min(TMPFS_BYTES, memory // 2 - memory // 8)), max(4096, min(SHM_BYTES, memory // 8))
 
 
+# Files of a fresh /proc that are the host's, not the PID namespace's: its kernel command line, its keys and their
+# owners, its kernel's symbols and modules, its scheduler's tasks and timers (issue 44: /proc/cmdline and /proc/keys
+# were read from inside).  /dev/null is bound over each, and /proc's mount admits no device node: opening one fails
+# with EACCES.
+_HOST_PROC = ("cmdline", "keys", "key-users", "kallsyms", "modules", "sched_debug", "timer_list")
+
+
 @functools.lru_cache(maxsize=8)
 def _bwrap_base(memory_mb: float = 256) -> tuple[str, ...]:
     """The bwrap command line up to the interpreter; raises SandboxUnavailable where bwrap is not installed.
 
     Mounts, in order (bwrap applies them so): the interpreter and its libraries read-only; a /proc of the
-    sandbox's own PID namespace, read-only, so that /proc/sys and /proc/sysrq-trigger cannot be written (uid 65534
-    inside is the trainer's uid outside: as root, DAC alone would let it write the host's kernel settings); a
+    sandbox's own PID namespace without the host's files (_HOST_PROC), read-only, so that /proc/sys and
+    /proc/sysrq-trigger cannot be written (uid 65534 inside is the trainer's uid outside: as root, DAC alone would
+    let it write the host's kernel settings); a
     minimal /dev (null, zero, full, random, urandom, tty, pts), read-only, with a small /dev/shm; /tmp; then the
     root itself read-only, so that /tmp and /dev/shm, both size-limited, are the only places it can write."""
     exe = shutil.which("bwrap")
@@ -146,7 +167,11 @@ def _bwrap_base(memory_mb: float = 256) -> tuple[str, ...]:
             f"upgrade it ({INSTALL_HINT} on a current distribution)")
     tmp, shm = tmpfs_sizes(memory_mb)
     args += _python_mounts()
-    args += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--size", str(shm), "--tmpfs", "/dev/shm",
+    args += ["--proc", "/proc"]
+    for name in _HOST_PROC:  # a file of the sandbox's own /proc that shows the host: /dev/null over it
+        if os.path.exists(f"/proc/{name}"):  # bwrap cannot create a missing file in /proc
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    args += ["--remount-ro", "/proc", "--dev", "/dev", "--size", str(shm), "--tmpfs", "/dev/shm",
              "--remount-ro", "/dev", "--size", str(tmp), "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp",
              "--"]
     return tuple(args)
