@@ -9,8 +9,8 @@ tool's result, the user's next message: mask 0).  Its Episode is what the reward
 round-trip tests prove a demonstration is right (full correctness, no violation).
 
 A user's own conversations (`conversations(path)`: TRL's conversational format, `messages` with `tool_calls` and
-`tool` turns, plus `tools`; or TRL's prompt-completion format, `prompt` and `completion` as strings or turns) play the same way against a `Transcript`, an environment that answers with the
-recorded tool results and user turns.
+`tool` turns, plus `tools`; or TRL's prompt-completion format, `prompt` and `completion` as strings or turns) play
+the same way against a `Transcript`, an environment that answers with the recorded tool results and user turns.
 """
 
 from __future__ import annotations

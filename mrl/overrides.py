@@ -2,7 +2,8 @@
 
 - A resume is one command: `trainer.resume=true hydra.run.dir=RUN` (or `--resume RUN`) re-reads the overrides the
   run was started with (RUN/.hydra/overrides.yaml, and its `--config-dir`), so that it composes the run's config;
-  only a new override that contradicts a saved one is refused.
+  a new override that contradicts a saved one is refused, but for the steps, the save and eval intervals and the
+  logger (`EXTENDABLE`: trainer.max_steps=600 goes on to step 600).
 - A misspelt config group or choice (`reward=agent_triple`, `algo=gdop`) is one line with the nearest name, where
   Hydra would advise `+reward=...` or list its search path.
 """
@@ -19,6 +20,9 @@ from mrl.config import CONF_DIR, TrainConfig, UserError
 
 RESUME_FLAG = "--resume"
 TRUE = ("true", "yes", "1", "latest")
+# What a resume may change: how long it goes on, how often it saves and evaluates, where it logs.  Any other key the
+# run was started with is the run's: a new value for it is refused.
+EXTENDABLE = ("trainer.resume", "trainer.max_steps", "trainer.save_every", "trainer.eval_every", "logger.")
 
 
 def _split(arg: str) -> tuple[str, str] | None:
@@ -51,8 +55,8 @@ def expand_resume(args: list[str]) -> list[str]:
     kept = []
     for old in saved:
         key, value = _split(old) or (old, "")
-        if key in given and key != "trainer.resume":
-            if given[key] != value:
+        if key in given:  # the new value stands where a resume may change it; elsewhere it must be the saved one
+            if given[key] != value and not key.startswith(EXTENDABLE):
                 raise UserError(f"trainer.resume: {run_dir} was started with {old}; this command gives {key}="
                                 f"{given[key]}: a resume continues that run as it was, so drop {key}={given[key]} "
                                 f"(or start a new run in another hydra.run.dir with trainer.init_from={run_dir})")

@@ -1,4 +1,5 @@
-"""A TRL reward function as a reward channel, unchanged: `fn: {_target_: mrl.rewards.trl.TrlReward, fn: my_mod.correct}`.
+"""A TRL reward function as a reward channel, unchanged:
+`fn: {_target_: mrl.rewards.trl.TrlReward, fn: my_mod.correct}`.
 
 TRL's GRPOTrainer calls each reward function once per batch as `f(prompts=..., completions=..., completion_ids=...,
 **columns)` and reads back one float (or None) per completion; `TrlReward` makes that call once per scoring of a
