@@ -79,11 +79,15 @@ def _config_dir_of(run_dir: Path, args: list[str]) -> list[str]:
 
 def check_groups(args: list[str], config_dirs: list[str]) -> None:
     """A plain `group=choice` override whose group or choice does not exist, refused with the nearest one.
-    Search paths other than conf/ and --config-dir dirs (hydra.searchpath) leave the choices unchecked."""
+    The groups are conf/'s, the --config-dir dirs' and hydra.searchpath's `file://` dirs'; a `pkg://` search path
+    leaves the choices unchecked."""
     roots = [CONF_DIR, *(Path(d).expanduser() for d in config_dirs)]
+    searched = [p.strip(" '\"") for a in args if a.lstrip("+").startswith("hydra.searchpath=")
+                for p in a.split("=", 1)[1].strip("[]").split(",")]
+    roots += [Path(p[len("file://"):]).expanduser() for p in searched if p.startswith("file://")]
+    other_paths = any(p and not p.startswith("file://") for p in searched)
     groups = {d.name: d for root in roots if root.is_dir() for d in root.iterdir() if d.is_dir()}
     keys = {f.name for f in dataclasses.fields(TrainConfig)} | {"hydra"}
-    other_paths = any(a.startswith(("hydra.searchpath", "+hydra.searchpath")) for a in args)
     for arg in args:
         key, value = _split(arg) or ("", "")
         if not key or key[0] in "+~" or "." in key or "/" in key:

@@ -114,6 +114,17 @@ def test_locate_names_the_key_the_module_and_the_cause(tmp_path, monkeypatch):
         locate("raises_on_import.f", "k")
 
 
+def test_a_trl_function_named_without_the_adapter_is_refused_with_the_wrapping():
+    from omegaconf import OmegaConf
+
+    from mrl.rewards.targets import check_not_trl
+
+    check_not_trl(OmegaConf.create({"_target_": "mrl.envs.math_length.AnswerCorrect"}), "f")  # a plain channel
+    with pytest.raises(UserError, match=r"^f._target_='trl_style_rewards.reward_len' takes `completions`: .* write "
+                                        r"f=\{_target_: mrl.rewards.trl.TrlReward, fn: trl_style_rewards.reward_len\}$"):
+        check_not_trl(OmegaConf.create({"_target_": "trl_style_rewards.reward_len", "_partial_": True}), "f")
+
+
 # --- TRL datasets as they are
 
 def test_a_conversational_prompt_is_the_messages_and_other_columns_reach_the_channels():
@@ -278,14 +289,23 @@ def test_cli_refuses_each_trl_users_mistake_in_one_line_before_the_run_dir(args,
     assert not run.exists() and not (tmp_path / "outputs").exists()
 
 
-def test_cli_resume_is_the_printed_command_and_refuses_a_contradiction(tmp_path):
+def test_cli_resume_refuses_a_contradiction_of_the_saved_overrides(tmp_path):
+    run = saved_run(tmp_path / "run", ["algo=grpo", *TINY])
+    before = snapshot(run)
+    result = mrl("train", "trainer.resume=true", f"hydra.run.dir={run}", "algo=gdpo", cwd=tmp_path)
+    refused(result, f"trainer.resume: {run} was started with algo=grpo; this command gives algo=gdpo")
+    assert snapshot(run) == before
+
+
+def snapshot(directory: Path) -> dict[Path, str]:
+    return {p: p.read_text() for p in directory.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow  # two short runs (~40 s on quiet cores)
+def test_cli_resume_is_the_printed_command(tmp_path):
     run = tmp_path / "run"
     first = mrl("train", "algo=grpo", "trainer.seed=1", *TINY, f"hydra.run.dir={run}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    before = (run / ".hydra" / "overrides.yaml").read_text()
-    result = mrl("train", "trainer.resume=true", f"hydra.run.dir={run}", "algo=gdpo", cwd=tmp_path)
-    refused(result, f"trainer.resume: {run} was started with algo=grpo; this command gives algo=gdpo")
-    assert (run / ".hydra" / "overrides.yaml").read_text() == before
     again = mrl("train", "--resume", str(run), "trainer.max_steps=2", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -9,6 +9,7 @@ with the cause deep in a traceback.
 from __future__ import annotations
 
 import difflib
+import inspect
 import types
 from importlib import import_module
 from typing import Any
@@ -70,6 +71,22 @@ def _where(err: BaseException) -> str:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
+
+
+def check_not_trl(node: Any, key: str) -> None:
+    """A channel's `fn` that names a TRL reward function (it takes `completions`) without the adapter would fail at
+    its first step with a TypeError: say how to wrap it instead."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if target is None or target == TRL_ADAPTER:
+        return
+    found = locate(target, f"{key}._target_")
+    try:
+        parameters = inspect.signature(found).parameters
+    except (TypeError, ValueError):  # a builtin or a class without a readable signature
+        return
+    if "completions" in parameters:
+        raise UserError(f"{key}._target_={target!r} takes `completions`: a TRL reward function, which mrl calls "
+                        f"through its adapter: write {key}={{_target_: {TRL_ADAPTER}, fn: {target}}}")
 
 
 def check_targets(node: Any, key: str) -> None:
