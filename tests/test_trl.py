@@ -120,8 +120,9 @@ def test_a_trl_function_named_without_the_adapter_is_refused_with_the_wrapping()
     from mrl.rewards.targets import check_not_trl
 
     check_not_trl(OmegaConf.create({"_target_": "mrl.envs.math_length.AnswerCorrect"}), "f")  # a plain channel
+    wrapped = r"f=\{_target_: mrl.rewards.trl.TrlReward, fn: trl_style_rewards.reward_len\}$"
     with pytest.raises(UserError, match=r"^f._target_='trl_style_rewards.reward_len' takes `completions`: .* write "
-                                        r"f=\{_target_: mrl.rewards.trl.TrlReward, fn: trl_style_rewards.reward_len\}$"):
+                                        + wrapped):
         check_not_trl(OmegaConf.create({"_target_": "trl_style_rewards.reward_len", "_partial_": True}), "f")
 
 
