@@ -84,13 +84,14 @@ def write_samples(run_dir: Path, records: list[dict[str, Any]]) -> None:
 
 
 def run_labels(cfg, config: dict[str, Any]) -> tuple[str, str | None]:
-    """W&B's run name and group: `logger.name` and `logger.group` where set; else the name `<algo>/seed<n>` (a sweep
-    job: its own dir's name, e.g. `0_gdpo_seed1`) and, in a sweep (-m), the sweep dir as the group, so that one
-    sweep's runs sit together."""
+    """W&B's run name and group: `logger.name` and `logger.group` where set; else the name `<algo>/seed<n>` (`mrl sft`:
+    `sft/seed<n>`; a sweep job: its own dir's name, e.g. `0_gdpo_seed1`) and, in a sweep (-m), the sweep dir as the
+    group, so that one sweep's runs sit together."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    name = f"{config['algo']['name']}/seed{config['trainer']['seed']}"
+    stage = "sft" if config.get("stage") == "sft" else config["algo"]["name"]
+    name = f"{stage}/seed{config['trainer']['seed']}"
     group = None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
         hydra = HydraConfig.get()

@@ -248,6 +248,7 @@ def test_wandb_names_a_run_by_algorithm_and_seed_unless_told(tmp_path):
     config = {"algo": {"name": "gdpo"}, "trainer": {"seed": 2}}
     assert run_labels(OmegaConf.create({"name": None, "group": None}), config) == ("gdpo/seed2", None)
     assert run_labels(OmegaConf.create({"name": "mine", "group": "g"}), config) == ("mine", "g")
+    assert run_labels(OmegaConf.create({"name": None}), {**config, "stage": "sft"}) == ("sft/seed2", None)
     assert trl_key("reward/accuracy/std") == "rewards/accuracy/std"
 
 
