@@ -51,10 +51,13 @@ def hydra_train(config_name: str = "train") -> None:
 
     import mrl.config  # noqa: F401  registers the schemas
     from mrl.config import CONF_DIR, UserError
+    from mrl.overrides import check_groups, expand_resume
     from mrl.validation import check_yaml_syntax, config_dirs_in
 
     try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.validation.Preflight
+        sys.argv[1:] = expand_resume(sys.argv[1:])  # a resume composes the run's saved overrides
         check_yaml_syntax(config_dirs_in(sys.argv[1:]))
+        check_groups(sys.argv[1:], config_dirs_in(sys.argv[1:]))
         if dist.world_size() > 1 and any(a in ("-m", "--multirun") or a.startswith("--multirun=")
                                          for a in sys.argv[1:]):
             raise UserError(f"-m/--multirun under a launcher (WORLD_SIZE={dist.world_size()}) is not supported: "
@@ -121,7 +124,8 @@ def run_hydra(task) -> None:
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def train(ctx: typer.Context) -> None:
-    """Train. All arguments go to Hydra: overrides (algo=dapo trainer.seed=1), -m, --cfg job, --help."""
+    """Train. All arguments go to Hydra: overrides (algo=dapo trainer.seed=1), -m, --cfg job, --help; `--resume RUN`
+    continues RUN with the overrides it was started with."""
     sys.argv = ["mrl train", *ctx.args]
     hydra_train()
 

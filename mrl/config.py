@@ -274,7 +274,9 @@ class LoggerConfig:
     project: str = "mrl"
     entity: Optional[str] = None
     mode: str = "offline"  # offline | online | disabled
-    name: Optional[str] = None
+    name: Optional[str] = None  # null: <algo>/seed<n>, or a sweep job's dir name (mrl.tracking.run_labels)
+    group: Optional[str] = None  # null: the sweep dir in a sweep (-m), none otherwise
+    trl_names: bool = False  # W&B keys reward/<ch>/... as TRL's rewards/<ch>/... (metrics.jsonl keeps reward/)
     tags: list[str] = field(default_factory=list)
     log_every: int = bounded(10, 1)  # plain-line progress every N steps when stdout is not a terminal
     # every N steps, a few transcripts to samples.jsonl (and a W&B table); 0: never

@@ -18,14 +18,19 @@ Record schema: each record (a JSONL line, a Parquet row, a dataset row) is one p
 Example JSONL line: `{"prompt": "What is 2 + 3?", "answer": "5"}` -> `Prompt(text="What is 2 + 3?",
 meta={"answer": "5"})`.
 
-Nothing here touches the network: only local files and directories are read.
+A Hub id (`data.path=org/name`, `org/name::test`) that is not a local path loads through `datasets.load_dataset`
+where the Hub can be reached; without a network it is refused at once, in one line saying how to save it locally.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import re
+import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -123,10 +128,59 @@ def _load_hf_dir(path: Path, split: str | None, shown: str) -> list[dict]:
     return _bounded_records(ds.to_list(), shown)
 
 
-def dataset_file(path: str | Path) -> tuple[Path, str | None]:
-    """(file or directory, split or None) of a dataset path that exists; a UserError if it does not."""
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as the Hub spells a repository
+HUB_HOST = "huggingface.co"
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be reached, or None: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set, or no TCP
+    connection to huggingface.co:443 within 3 s (a thread: a name lookup has no timeout of its own)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{var} is set"
+    host = os.environ.get("HF_ENDPOINT", f"https://{HUB_HOST}").split("://")[-1].split("/")[0]
+    problem: list[str] = ["no answer within 3 s"]
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, 443), timeout=3).close()
+            problem[0] = ""
+        except OSError as err:
+            problem[0] = f"{type(err).__name__}: {err}"
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(3.5)
+    return f"no connection to {host}:443 ({problem[0]})" if problem[0] else None
+
+
+def _load_hub(hub_id: str, split: str | None) -> list[dict]:
+    """A Hub dataset through `datasets.load_dataset` (its `train` split, or `::SPLIT`), or one line saying to save it
+    locally when the Hub cannot be reached."""
+    reason = hub_unreachable()
+    name = hub_id.split("/")[-1]
+    if reason is not None:
+        raise UserError(f"data.path={hub_id!r} is not a local path, and as a Hub dataset id it cannot be loaded: "
+                        f"{reason}. Save it where there is a network: python -c \"import datasets; "
+                        f"datasets.load_dataset('{hub_id}').save_to_disk('data/{name}')\", then give "
+                        f"data.path=data/{name}")
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(hub_id, split=split or "train")
+    except Exception as err:  # the hub's own errors (no such dataset, no such split, gated) in one line
+        raise UserError(f"data.path={hub_id!r}: datasets.load_dataset failed: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}") from None
+    return _bounded_records(ds.to_list(), hub_id)
+
+
+def dataset_file(path: str | Path) -> tuple[Path | None, str | None]:
+    """(file or directory, split or None) of a dataset path that exists; a UserError if it does not.  A Hub id
+    (org/name, no such local path) is None: it loads through `datasets` (`load_records`)."""
     file, split = _parse_path(path)
     if not file.exists():
+        if HUB_ID.fullmatch(str(file)) and not str(path).startswith((".", "/", "~")):
+            return None, split
         raise UserError(f"dataset path {str(path)!r} does not exist (looked for {file.resolve()})")
     return file, split
 
@@ -135,6 +189,8 @@ def load_records(path: str | Path) -> list[dict]:
     """The records of a local JSONL file, Parquet file, or HF `save_to_disk` directory (`DIR::SPLIT` picks a split)."""
     shown = str(path)
     file, split = dataset_file(path)
+    if file is None:
+        return _load_hub(shown.split(SPLIT_SEP)[0], split)
     if file.is_dir():
         return _load_hf_dir(file, split, shown)
     if split is not None:
@@ -245,12 +301,41 @@ def record_call(value: Any, where: str) -> dict:
 FIELD_CHECKS = {"tests": record_tests, "call": record_call}
 
 
+def conversation_messages(record: dict, where: str) -> Any:
+    """The turns of a TRL SFT record: `messages` (conversational language modeling), or `prompt` and `completion`,
+    each a string (standard prompt-completion: a user and an assistant turn) or a list of turns (conversational).
+
+    >>> conversation_messages({"prompt": "2+2?", "completion": "4"}, "record 0")[1]
+    {'role': 'assistant', 'content': '4'}
+    """
+    if _present(record, "messages"):
+        return record["messages"]
+    if _present(record, "prompt") and _present(record, "completion"):
+        turns = lambda v, role: v if isinstance(v, list) else [{"role": role, "content": v}]  # noqa: E731
+        return turns(record["prompt"], "user") + turns(record["completion"], "assistant")
+    raise UserError(f"{where}: a conversation needs `messages` (a list of turns) or `prompt` and `completion` (TRL's "
+                    f"conversational and prompt-completion formats); it has fields {sorted(record)}")
+
+
+def conversation_prompt(record: dict, where: str) -> dict:
+    """A conversation record as a prompt record: its turns before the first assistant turn are the `messages`
+    (`mrl sft`'s held-out prompts); its other columns stay."""
+    turns = conversation_messages(record, where)
+    first = next((k for k, m in enumerate(turns) if isinstance(m, dict) and m.get("role") == "assistant"), len(turns))
+    rest = {k: v for k, v in record.items() if k not in ("messages", "prompt", "completion")}
+    return {**rest, "messages": turns[:first]}
+
+
 def records_to_prompts(records: Iterable[dict], schema: Schema | None = None) -> list[Prompt]:
     """One Prompt per record: text from `schema.text_field` (or the last user turn of `messages`), `messages` and
-    `tools` to the Prompt's own fields, every other field (renamed per `schema.rename`) to meta."""
+    `tools` to the Prompt's own fields, every other field (renamed per `schema.rename`) to meta.  A text field that
+    holds a list of turns (TRL's conversational format: `"prompt": [{"role": "user", ...}]`) is the `messages`."""
     schema = schema or Schema()
     prompts = []
     for i, record in enumerate(records):
+        if isinstance(record.get(schema.text_field), list) and not _present(record, "messages"):
+            record = {**{k: v for k, v in record.items() if k != schema.text_field},
+                      "messages": record[schema.text_field]}
         has = sorted(k for k in record if record[k] is not None)
         messages = record_messages(record["messages"], f"record {i}") if _present(record, "messages") else []
         tools = record_tools(record["tools"], f"record {i}") if _present(record, "tools") else []
@@ -380,10 +465,15 @@ class DatasetTask:
     """
 
     def __init__(self, path: str, seed: int = 0, eval_fraction: float = 0.1, schema: Schema | None = None,
-                 text_field: str = "prompt", required: tuple[str, ...] | list[str] = ()):
+                 text_field: str = "prompt", required: tuple[str, ...] | list[str] = (), conversations: bool = False):
+        """conversations: the records are whole conversations (`mrl sft`'s), prompted with their turns before the
+        first assistant turn (`conversation_prompt`)."""
         self.path, self.seed = str(path), seed
         self.schema = schema if schema is not None else Schema(text_field=text_field, required=tuple(required))
-        prompts = records_to_prompts(load_records(path), self.schema)
+        records = load_records(path)
+        if conversations:
+            records = [conversation_prompt(r, f"{path} record {i}") for i, r in enumerate(records)]
+        prompts = records_to_prompts(records, self.schema)
         self.split = SplitPrompts.shuffled(prompts, eval_fraction, seed, key=seed)
         if not self.split.train:
             raise UserError(f"dataset {self.path!r} has no train prompts ({len(prompts)} records, "

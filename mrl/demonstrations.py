@@ -9,8 +9,8 @@ tool's result, the user's next message: mask 0).  Its Episode is what the reward
 round-trip tests prove a demonstration is right (full correctness, no violation).
 
 A user's own conversations (`conversations(path)`: TRL's conversational format, `messages` with `tool_calls` and
-`tool` turns, plus `tools`) play the same way against a `Transcript`, an environment that answers with the
-recorded tool results and user turns.
+`tool` turns, plus `tools`; or TRL's prompt-completion format, `prompt` and `completion` as strings or turns) play
+the same way against a `Transcript`, an environment that answers with the recorded tool results and user turns.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from mrl.chat_template import CALL_CLOSE
 from mrl.config import UserError
-from mrl.data import load_records, record_tools
+from mrl.data import conversation_messages, load_records, record_tools
 from mrl.distributed import world_size
 from mrl.episode import Demonstration, Episode, Prompt, Reply
 from mrl.protocols import ChatProtocol, ToolProtocol, WordsProtocol
@@ -140,7 +140,7 @@ def conversation(record: dict[str, Any], where: str) -> tuple[Demonstration, Tra
     """A TRL conversational record -> (its demonstration, the environment that replays it).  The prompt is every
     message before the first assistant turn; each assistant turn is a reply (its `tool_calls` one call a turn),
     the `tool` messages its results, a later user message the next user turn."""
-    messages = record.get("messages")
+    messages = conversation_messages(record, where)
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{where}: a conversation needs `messages`: a list of {{role, content}} turns (TRL's "
                         "conversational format)")

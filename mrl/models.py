@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mrl.config import ModelConfig, TinyModelSpec, UserError
+from mrl.data import hub_unreachable
 from mrl.local_models import BUILT_LOCALLY
 from mrl.losses import linear_token_logprobs, token_logprobs
 from mrl.precision import MASTER, autocast_of, compute_in, precision_for
@@ -110,7 +111,26 @@ def resolve_model_path(cfg: ModelConfig) -> str:
             f"model.name_or_path={cfg.name_or_path!r}: no such directory. Give an existing model directory, "
             f"a hub id such as Qwen/Qwen3-0.6B, or {BUILTIN_TINY}."
         )
+    check_hub_model(cfg.name_or_path)
     return name
+
+
+def check_hub_model(hub_id: str) -> None:
+    """A hub id that is not in the local HF cache needs the Hub: without it, one line at once, where
+    huggingface_hub would retry for ~50 s after the run dir exists."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+            return
+    except ValueError:  # not a valid repo id: transformers says so when it loads
+        return
+    reason = hub_unreachable()
+    if reason is not None:
+        local = f"models/{hub_id.split('/')[-1]}"
+        raise ModelLoadError(f"model.name_or_path={hub_id!r} is not a local directory nor in the HF cache, and the "
+                             f"Hub cannot be reached: {reason}. Download it where there is a network (hf download "
+                             f"{hub_id} --local-dir {local}) and give model.name_or_path={local}")
 
 
 def quiet_transformers() -> None:

@@ -43,7 +43,7 @@ from mrl.protocols import ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids
 from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity
-from mrl.tasks import episode_protocol
+from mrl.tasks import dataset_task, episode_protocol, has_task
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.trainable import Trainable, pick_device
 from mrl.update import policy_forward
@@ -129,7 +129,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     tokenizer = load_tokenizer(init_path)
     actor = Trainable(Actor(load_policy(cfg.model, init_path, device, resume_from)), s.lr, cfg.trainer.weight_decay,
                       cfg.trainer.grad_clip, cfg.deepspeed, s.micro_batch_size, device)
-    task = instantiate(cfg.rewards.task)
+    task = instantiate(cfg.rewards.task) if has_task(cfg.rewards) else dataset_task(cfg)  # no task: data.path's
     rows = demonstration_rows(cfg, task, tokenizer, end_token_ids(actor.module.policy, tokenizer))
     steps = s.steps or max(1, math.ceil(s.epochs * len(rows) / s.batch_size))
     state = {"step": 0, "prompt_position": 0}

@@ -53,13 +53,26 @@ class DatasetPrompts:
         return getattr(self.base, name)
 
 
+def has_task(rewards: Any) -> bool:
+    """Whether the rewards preset names a task; one that lists channels alone trains on `data.path` (`build_task`)."""
+    return not OmegaConf.is_missing(rewards, "task") and rewards.task is not None
+
+
+def dataset_task(cfg: Any, required: tuple[str, ...] = ()) -> DatasetTask:
+    """`data.path`'s prompts, split by trainer.seed (`mrl sft`: its conversations' prompts)."""
+    return DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
+                       text_field=cfg.data.text_field, required=required,
+                       conversations=cfg.get("stage", "rl") == "sft")
+
+
 def build_task(cfg: Any) -> Any:
-    """The configured task (`rewards.task`), fed from `data.path` when one is given."""
+    """The configured task (`rewards.task`), fed from `data.path` when one is given; without a task (a preset of
+    channels alone), `data.path`'s prompts as they are."""
+    if not has_task(cfg.rewards):
+        return dataset_task(cfg)
     task = instantiate(cfg.rewards.task)
     if cfg.data.path:
-        dataset = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
-                              text_field=cfg.data.text_field, required=getattr(task, "record_fields", ()))
-        task = DatasetPrompts(task, dataset)
+        task = DatasetPrompts(task, dataset_task(cfg, getattr(task, "record_fields", ())))
     return task
 
 
@@ -89,6 +102,10 @@ CHARS_PER_TOKEN = 16
 def check(cfg) -> None:
     """The dataset a run reads (`data.path`), read as the run will, before Hydra creates the run dir.  (`mrl sft`
     reads it as conversations instead: mrl.demonstrations.check.)"""
+    if not has_task(cfg.rewards) and not cfg.data.path:
+        raise UserError(f"rewards={cfg.rewards.name} names no task and data.path is not set: give data.path=FILE "
+                        "(.jsonl, .parquet, a save_to_disk dir or a Hub id: its prompts are the task), or "
+                        "rewards.task._target_=my_module.MyTask")
     if cfg.data.path and cfg.get("stage", "rl") != "sft":
         from mrl.models import context_length  # start-up time: mrl.models imports torch, the tasks do not
 
@@ -102,11 +119,10 @@ def _check_dataset(cfg: DictConfig, context: int | None) -> None:
     from hydra.utils import get_class  # the task's class, not the task: building one may read a benchmark
 
     try:
-        required = getattr(get_class(cfg.rewards.task._target_), "record_fields", ())
+        required = getattr(get_class(cfg.rewards.task._target_), "record_fields", ()) if has_task(cfg.rewards) else ()
     except Exception:  # an unknown target is refused where the task is built, naming it
         required = ()
-    task = DatasetTask(cfg.data.path, seed=cfg.trainer.seed, eval_fraction=cfg.data.eval_fraction,
-                       text_field=cfg.data.text_field, required=required)
+    task = dataset_task(cfg, required)
     if context is None:
         return
     limit = context * CHARS_PER_TOKEN

@@ -83,6 +83,33 @@ def write_samples(run_dir: Path, records: list[dict[str, Any]]) -> None:
         f.writelines(json.dumps(r) + "\n" for r in records)
 
 
+def run_labels(cfg, config: dict[str, Any]) -> tuple[str, str | None]:
+    """W&B's run name and group: `logger.name` and `logger.group` where set; else the name `<algo>/seed<n>` (`mrl sft`:
+    `sft/seed<n>`; a sweep job: its own dir's name, e.g. `0_gdpo_seed1`) and, in a sweep (-m), the sweep dir as the
+    group, so that one sweep's runs sit together."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    stage = "sft" if config.get("stage") == "sft" else config["algo"]["name"]
+    name = f"{stage}/seed{config['trainer']['seed']}"
+    group = None
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        hydra = HydraConfig.get()
+        name, group = Path(hydra.runtime.output_dir).name, str(hydra.sweep.dir)
+    return cfg.name or name, cfg.get("group") or group
+
+
+def trl_key(key: str) -> str:
+    """`logger.trl_names`: a channel's reward under TRL's key, as TRL's dashboards read it.
+
+    >>> trl_key("reward/correct/mean"), trl_key("reward/total/mean"), trl_key("loss/policy")
+    ('rewards/correct/mean', 'reward', 'loss/policy')
+    """
+    if key == "reward/total/mean":  # TRL's `reward`: the weighted sum's mean
+        return "reward"
+    return "rewards/" + key[len("reward/"):] if key.startswith("reward/") else key
+
+
 class WandbSink:
     """W&B in the run dir; offline by default (no login needed).  The run id is kept in the run dir, so a resumed run
     continues the same W&B run."""
@@ -94,11 +121,14 @@ class WandbSink:
         id_file = run_dir / "wandb_id"
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         atomic_write_text(id_file, run_id)
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=cfg.name, tags=list(cfg.tags),
+        name, group = run_labels(cfg, config)
+        self.trl_names = bool(cfg.get("trl_names", False))
+        self.run = wandb.init(project=cfg.project, entity=cfg.entity, name=name, group=group, tags=list(cfg.tags),
                               mode=cfg.mode, dir=str(run_dir), config=config, id=run_id, resume="allow")
 
     def log(self, metrics: dict[str, Any]) -> None:
-        self.run.log({k: v for k, v in metrics.items() if v is not None}, step=metrics["step"])
+        named = {trl_key(k) if self.trl_names else k: v for k, v in metrics.items()}
+        self.run.log({k: v for k, v in named.items() if v is not None}, step=metrics["step"])
 
     def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
         """Transcripts as a W&B table `samples` (one row per episode)."""

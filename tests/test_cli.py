@@ -66,7 +66,7 @@ def test_help_goes_to_hydra(tmp_path):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("algo=foo", "Could not find 'algo/foo'"),
+    ("algo=foo", "algo=foo: there is no algo/foo.yaml; choose one of dapo, gdpo"),
     ("trainer.max_steps=abc", "trainer.max_steps"),
     ("trainer.max_stepz=3", "max_stepz"),
     ("algo.loss_agg=tokenmean", "choose one of seq_mean, token_mean"),

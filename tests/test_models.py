@@ -10,6 +10,7 @@ from conftest import compose_config, scale_logits
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
+from mrl import models
 from mrl.config import TinyModelSpec, UserError
 from mrl.models import (
     SPECIAL_TOKENS,
@@ -143,7 +144,8 @@ def test_an_existing_directory_wins_over_a_hub_id(tmp_path, monkeypatch):
     assert resolve_model_path(model_cfg) == "models/smollm2-135m-instruct"
 
 
-def test_resolve_hub_id_is_passed_through():
+def test_resolve_hub_id_is_passed_through(monkeypatch):
+    monkeypatch.setattr(models, "hub_unreachable", lambda: None)  # offline and uncached: tests/test_trl.py
     model_cfg = compose_config().model
     model_cfg.name_or_path = "Qwen/Qwen3-0.6B"
     assert resolve_model_path(model_cfg) == "Qwen/Qwen3-0.6B"

@@ -20,6 +20,7 @@ from torch import Tensor
 from mrl.advantages import Estimator, dual_step, live_groups, mean_cost
 from mrl.config import Bound, ChannelConfig, UserError, schema_bounds
 from mrl.episode import Episode
+from mrl.rewards.targets import check_not_trl, check_targets
 from mrl.shaping import condition, drop, veto, violations
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,11 @@ CHANNEL_BOUNDS = schema_bounds("", ChannelConfig)  # weight, violation_below, th
 
 
 def check(cfg) -> None:
-    """The reward channels against the algorithm (`configured_channels`), and the pass channel."""
+    """Every `_target_` of the preset imports (mrl.rewards.targets), the reward channels against the algorithm
+    (`configured_channels`), and the pass channel."""
+    check_targets(cfg.rewards, "rewards")
+    for name, ch in cfg.rewards.channels.items():
+        check_not_trl(ch.get("fn"), f"rewards.channels.{name}.fn")
     check_pass_channel(cfg.rewards, list(configured_channels(cfg.rewards, cfg.algo)[0]))
 
 

@@ -1,0 +1,106 @@
+"""What `mrl train` / `mrl sft` make of their arguments before Hydra sees them.
+
+- A resume is one command: `trainer.resume=true hydra.run.dir=RUN` (or `--resume RUN`) re-reads the overrides the
+  run was started with (RUN/.hydra/overrides.yaml, and its `--config-dir`), so that it composes the run's config;
+  a new override that contradicts a saved one is refused, but for the steps, the save and eval intervals and the
+  logger (`EXTENDABLE`: trainer.max_steps=600 goes on to step 600).
+- A misspelt config group or choice (`reward=agent_triple`, `algo=gdop`) is one line with the nearest name, where
+  Hydra would advise `+reward=...` or list its search path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+
+import yaml
+
+from mrl.config import CONF_DIR, TrainConfig, UserError
+
+RESUME_FLAG = "--resume"
+TRUE = ("true", "yes", "1", "latest")
+# What a resume may change: how long it goes on, how often it saves and evaluates, where it logs.  Any other key the
+# run was started with is the run's: a new value for it is refused.
+EXTENDABLE = ("trainer.resume", "trainer.max_steps", "trainer.save_every", "trainer.eval_every", "logger.")
+
+
+def _split(arg: str) -> tuple[str, str] | None:
+    """`key=value` -> (key, value) for a plain override (not a flag; `+`, `++` and `~` prefixes kept in key)."""
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    key, value = arg.split("=", 1)
+    return key, value
+
+
+def expand_resume(args: list[str]) -> list[str]:
+    """`--resume RUN` -> `trainer.resume=true hydra.run.dir=RUN`; then, for a resume into a run dir with saved
+    overrides, those overrides first and the new ones after (a repeat dropped; a contradiction refused)."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        if arg == RESUME_FLAG or arg.startswith(RESUME_FLAG + "="):
+            run = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            if not run:
+                raise UserError(f"{RESUME_FLAG} needs the run dir: mrl train {RESUME_FLAG} outputs/DATE/TIME")
+            args[i:i + (1 if "=" in arg else 2)] = ["trainer.resume=true", f"hydra.run.dir={run}"]
+            break
+    given = dict(kv for kv in map(_split, args) if kv is not None)
+    run_dir = given.get("hydra.run.dir", "").strip("'\"")
+    if str(given.get("trainer.resume", "")).lower() not in TRUE or not run_dir:
+        return args
+    saved_file = Path(run_dir).expanduser() / ".hydra" / "overrides.yaml"
+    if not saved_file.is_file():
+        return args
+    saved = [str(o) for o in yaml.safe_load(saved_file.read_text()) or []]
+    kept = []
+    for old in saved:
+        key, value = _split(old) or (old, "")
+        if key in given:  # the new value stands where a resume may change it; elsewhere it must be the saved one
+            if given[key] != value and not key.startswith(EXTENDABLE):
+                raise UserError(f"trainer.resume: {run_dir} was started with {old}; this command gives {key}="
+                                f"{given[key]}: a resume continues that run as it was, so drop {key}={given[key]} "
+                                f"(or start a new run in another hydra.run.dir with trainer.init_from={run_dir})")
+            continue
+        if key != "trainer.resume":
+            kept.append(old)
+    return _config_dir_of(Path(run_dir).expanduser(), args) + kept + args
+
+
+def _config_dir_of(run_dir: Path, args: list[str]) -> list[str]:
+    """`--config-dir DIR` the run was started with (.hydra/hydra.yaml), where this command gives none."""
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in args) or not hydra_file.is_file():
+        return []
+    sources = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime", {}) \
+        .get("config_sources") or []
+    return [arg for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"
+            for arg in ("--config-dir", s["path"])]
+
+
+def check_groups(args: list[str], config_dirs: list[str]) -> None:
+    """A plain `group=choice` override whose group or choice does not exist, refused with the nearest one.
+    The groups are conf/'s, the --config-dir dirs' and hydra.searchpath's `file://` dirs'; a `pkg://` search path
+    leaves the choices unchecked."""
+    roots = [CONF_DIR, *(Path(d).expanduser() for d in config_dirs)]
+    searched = [p.strip(" '\"") for a in args if a.lstrip("+").startswith("hydra.searchpath=")
+                for p in a.split("=", 1)[1].strip("[]").split(",")]
+    roots += [Path(p[len("file://"):]).expanduser() for p in searched if p.startswith("file://")]
+    other_paths = any(p and not p.startswith("file://") for p in searched)
+    groups = {d.name: d for root in roots if root.is_dir() for d in root.iterdir() if d.is_dir()}
+    keys = {f.name for f in dataclasses.fields(TrainConfig)} | {"hydra"}
+    for arg in args:
+        key, value = _split(arg) or ("", "")
+        if not key or key[0] in "+~" or "." in key or "/" in key:
+            continue
+        if key not in groups and key not in keys:
+            close = difflib.get_close_matches(key, [*groups, *keys], n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}={value}?" if close else f"config groups: {', '.join(sorted(groups))}"
+            raise UserError(f"{arg}: there is no config group or key {key!r}; {hint} (a new key: +{arg})")
+        if key in groups and not other_paths and not any(c in value for c in "()[]{}$"):
+            choices = sorted({p.stem for root in roots for p in (root / key).glob("*.yaml")} | {f"{key}_schema"})
+            for choice in value.split(","):
+                if choice and choice not in choices and choice != "null":
+                    close = difflib.get_close_matches(choice, choices, n=1, cutoff=0.5)
+                    hint = f"did you mean {key}={close[0]}? " if close else ""
+                    raise UserError(f"{key}={choice}: there is no {key}/{choice}.yaml; {hint}choose one of "
+                                    f"{', '.join(c for c in choices if not c.endswith('_schema'))}")
