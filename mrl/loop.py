@@ -262,8 +262,9 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
 def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
     """Phase 5: the held-out evaluation (mrl/evaluate.py) every `trainer.eval_every` steps, at step 0 (before any
     update) and after the last: eval/<channel>/mean[@k], eval/accuracy, eval/pass@k, eval/<category>/accuracy,
-    and rank 0 writes every episode's outcome to held_out/step_<N>.jsonl; {} when not due.  Every rank scores the same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its
-    draws come from a separate RNG, so the training rollouts are those of a run without evaluations."""
+    and rank 0 writes every episode's outcome to held_out/step_<N>.jsonl; {} when not due.  Every rank scores the
+    same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its draws come from a separate RNG,
+    so the training rollouts are those of a run without evaluations."""
     trainer = cfg.trainer
     if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
         return {}
