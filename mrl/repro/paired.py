@@ -65,7 +65,8 @@ class Paired:
         """What this size could see, as a summary prints it."""
         needed = self.scale_to_resolve
         more = f"; this difference needs ~{needed:.1f}x the seeds x records" if needed is not None else ""
-        return f"±{self.detectable:.3f} ({self.seeds} seeds x {self.records // max(self.seeds, 1)} records{more})"
+        seeds = f"{self.seeds} seed{'s' if self.seeds > 1 else ''}"
+        return f"±{self.detectable:.3f} ({seeds} x {self.records // self.seeds} records{more})"
 
 
 def differences(ours: Outcomes, theirs: Outcomes) -> list[np.ndarray]:
