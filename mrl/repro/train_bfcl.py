@@ -31,7 +31,7 @@ SAMPLES = 4  # k of eval/<channel>/mean@k
 SFT_STEPS = 10
 SHARED = ["model=smollm2_local", "rewards=bfcl", "trainer.max_new_tokens=64", "trainer.eval_prompts=78",
           f"trainer.eval_samples={SAMPLES}", "trainer.temperature=1.0", "logger=none", "logger.log_every=1"]
-SFT = ["sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=2e-5"]
+SFT = ["sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=2e-5", "trainer.eval_at_start=false"]  # base: 0 of 78
 RL = ["algo=gdpo", "trainer.prompts_per_step=2", "trainer.group_size=6", "trainer.micro_batch_size=12",
       "trainer.lr=1e-5", "trainer.max_steps=40", "trainer.eval_every=20", "trainer.eval_at_start=false",
       "trainer.save_every=1000", "logger.samples_every=5"]
