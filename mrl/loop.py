@@ -50,7 +50,7 @@ from mrl.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per
 from mrl.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.collect import Collected, EveryRank, collect
 from mrl.episode import agent_metrics, sample_records
-from mrl.evaluate import held_out_metrics
+from mrl.evaluate import held_out_metrics, outcomes_path
 from mrl.lora import BaseReference, load_policy, uses_lora
 from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, quiet_transformers, resolve_model_path
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
@@ -261,14 +261,16 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
 
 def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
     """Phase 5: the held-out evaluation (mrl/evaluate.py) every `trainer.eval_every` steps, at step 0 (before any
-    update) and after the last: eval/<channel>/mean, eval/accuracy, eval/pass@k, eval/<category>/accuracy; {} when
-    not due.  Every rank scores the same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its
-    draws come from a separate RNG, so the training rollouts are those of a run without evaluations."""
+    update) and after the last: eval/<channel>/mean[@k], eval/accuracy, eval/pass@k, eval/<category>/accuracy,
+    and rank 0 writes every episode's outcome to held_out/step_<N>.jsonl; {} when not due.  Every rank scores the
+    same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its draws come from a separate RNG,
+    so the training rollouts are those of a run without evaluations."""
     trainer = cfg.trainer
     if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
         return {}
+    outcomes = outcomes_path(run.run_dir, step) if dist.is_main() else None
     return held_out_metrics(cfg, run.engine, run.task, episode_protocol(cfg, run.tokenizer, run.task), run.reward_set,
-                            run.device, run.actor.whole)
+                            run.device, run.actor.whole, outcomes)
 
 
 def log_base_eval(cfg: DictConfig, run: Run) -> None:

@@ -35,7 +35,7 @@ from mrl.checkpoint import load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.data import EpochStream, load_records, split_train_eval
 from mrl.demonstrations import Played, play, play_conversation, task_demonstrations
-from mrl.evaluate import held_out_metrics
+from mrl.evaluate import held_out_metrics, outcomes_path
 from mrl.loop import seed_everything
 from mrl.lora import load_policy
 from mrl.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
@@ -69,7 +69,7 @@ class SftRun:
     rows: EpochStream  # the played demonstrations, reshuffled each epoch
     steps: int
     state: dict[str, int]  # {"step", "prompt_position"}: the step done, the demonstrations consumed
-    evaluate: Callable[[], dict[str, Any]]  # the held-out evaluation: eval/... metrics
+    evaluate: Callable[[int], dict[str, Any]]  # the held-out evaluation at a step: eval/... metrics
     metrics_file: MetricsFile | dist.Nothing
     wandb: WandbSink | None
     progress: Progress | dist.Nothing
@@ -93,12 +93,12 @@ def sft_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     try:
         if run.state["step"] == 0 and cfg.trainer.eval_at_start:
-            log(run, {"step": 0, **run.evaluate()})  # the starting model's held-out score
+            log(run, {"step": 0, **run.evaluate(0)})  # the starting model's held-out score
         for step in range(run.state["step"] + 1, run.steps + 1):
             stop.defer()  # a signal waits for the step's end: weights, logs and checkpoint agree
             metrics = sft_step(cfg, run, step)
             if cfg.sft.eval_every and step % cfg.sft.eval_every == 0 or step == run.steps:
-                metrics.update(run.evaluate())
+                metrics.update(run.evaluate(step))
             log(run, metrics)
             if step % cfg.sft.save_every == 0 or step == run.steps:
                 save()
@@ -141,10 +141,12 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
     protocol = episode_protocol(cfg, tokenizer, task)
 
-    def evaluate() -> dict[str, Any]:
-        """The held-out prompts greedy (mrl.evaluate, as `mrl train` scores them): eval/... keys."""
+    def evaluate(step: int) -> dict[str, Any]:
+        """The held-out prompts (mrl.evaluate, as `mrl train` scores them): eval/... keys; rank 0 writes every
+        episode's outcome to held_out/step_<step>.jsonl."""
         engine.sync_weights(actor.module.policy)
-        return held_out_metrics(cfg, engine, task, protocol, reward_set, device, actor.whole)
+        outcomes = outcomes_path(run_dir, step) if dist.is_main() else None
+        return held_out_metrics(cfg, engine, task, protocol, reward_set, device, actor.whole, outcomes)
 
     previous = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous))

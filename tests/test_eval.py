@@ -25,6 +25,8 @@ from mrl.evaluate import (
     HeldOut,
     eval_metrics,
     nonempty_held_out,
+    outcome_rows,
+    outcomes_path,
     pass_at_k,
     pass_ks,
     prompt_records,
@@ -218,6 +220,7 @@ def test_summary_and_metrics_by_hand(held):
     assert summary["pass@k"] == {"1": pytest.approx(0.5), "2": pytest.approx(2 / 3)}
     assert eval_metrics(summary) == {
         "eval/correctness/mean": pytest.approx(0.9995), "eval/length/mean": 3.0, "eval/accuracy": pytest.approx(1 / 3),
+        "eval/correctness/mean@2": 0.5, "eval/length/mean@2": 4.0,  # the 6 sampled episodes' means
         "eval/pass@1": pytest.approx(0.5), "eval/pass@2": pytest.approx(2 / 3), "eval/a/accuracy": 0.5,
         "eval/b/accuracy": 0.0}
 
@@ -225,8 +228,20 @@ def test_summary_and_metrics_by_hand(held):
 def test_without_a_pass_channel_only_the_means(held):
     summary = summarize(held, None)
     assert summary["accuracy"] is None and summary["pass@k"] == {} and summary["categories"] == {}
-    assert set(eval_metrics(summary)) == {"eval/correctness/mean", "eval/length/mean"}
+    assert set(eval_metrics(summary)) == {"eval/correctness/mean", "eval/length/mean", "eval/correctness/mean@2",
+                                          "eval/length/mean@2"}
+    greedy_only = summarize(HeldOut(held.prompts, held.names, held.greedy, None, 0), None)
+    assert set(eval_metrics(greedy_only)) == {"eval/correctness/mean", "eval/length/mean"}  # eval_samples=0: as before
     assert [r["passed"] for r in prompt_records(held, None)] == [None, None, None]
+
+
+def test_outcome_rows_one_per_prompt_and_episode(held):
+    rows = outcome_rows(held)
+    assert [(r["id"], r["sample"]) for r in rows] == [("x-0", "greedy"), ("x-0", 0), ("x-0", 1), (1, "greedy"),
+                                                      (1, 0), (1, 1), (2, "greedy"), (2, 0), (2, 1)]
+    assert rows[0] == {"id": "x-0", "category": "a", "sample": "greedy", "correctness": 1.0, "length": 5.0}
+    assert [r["correctness"] for r in rows[3:]] == [pytest.approx(0.999), 1.0, 0.0, None, 0.0, 0.0]  # sampled rows 2-5
+    assert [r["length"] for r in rows if r["sample"] != "greedy"] == [2.0, 2.0, 4.0, 4.0, 6.0, 6.0]
 
 
 def test_prompt_records_one_per_prompt(held):
@@ -254,7 +269,7 @@ def test_pass_channel_must_name_a_channel(make_cfg):
 EVAL_RUN = ["trainer.max_steps=3", "trainer.eval_prompts=3", "trainer.eval_samples=2",
             "rewards.pass_channel=correctness"]
 EVAL_KEYS = {"eval/correctness/mean", "eval/efficiency/mean", "eval/safety/mean", "eval/accuracy", "eval/pass@1",
-             "eval/pass@2"}
+             "eval/pass@2", "eval/correctness/mean@2", "eval/efficiency/mean@2", "eval/safety/mean@2"}
 
 
 def training_curve(records: list[dict]) -> list[dict]:
@@ -283,6 +298,21 @@ def test_eval_metrics_at_step_0_every_eval_every_steps_and_the_last(eval_runs):
         assert 0 <= record["eval/pass@1"] <= record["eval/pass@2"] <= 1
         assert record["eval/efficiency/mean"] < 0 and record["eval/correctness/mean"] == record["eval/accuracy"]
     assert not any(k.startswith("eval/") for k in read_metrics(eval_runs["without"] / METRICS_FILE)[0])
+
+
+def test_each_evaluation_keeps_every_episodes_outcome(eval_runs):
+    """held_out/step_<N>.jsonl per evaluation: 3 prompts x (greedy + 2 samples), whose means are the logged ones."""
+    records = {r["step"]: r for r in read_metrics(eval_runs["with"] / METRICS_FILE)}
+    assert sorted(p.name for p in (eval_runs["with"] / "held_out").iterdir()) == [
+        "step_000000.jsonl", "step_000002.jsonl", "step_000003.jsonl"]
+    for step in (0, 2, 3):
+        rows = [json.loads(line) for line in outcomes_path(eval_runs["with"], step).read_text().splitlines()]
+        assert [r["sample"] for r in rows] == ["greedy", 0, 1] * 3
+        sampled = [r["correctness"] for r in rows if r["sample"] != "greedy"]
+        greedy = [r["correctness"] for r in rows if r["sample"] == "greedy"]
+        assert sum(sampled) / 6 == pytest.approx(records[step]["eval/correctness/mean@2"])
+        assert sum(greedy) / 3 == pytest.approx(records[step]["eval/correctness/mean"])
+    assert not (eval_runs["without"] / "held_out").exists()
 
 
 def test_evaluations_leave_the_training_stream_unchanged(eval_runs):

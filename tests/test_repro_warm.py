@@ -127,7 +127,28 @@ class FakeMrl:
                                                       "dapo/rollouts_generated": 8 if "dapo" in algo else 4},
                           {"step": 4, **final}], [f"algo={algo}", f"trainer.seed={seed}"])
                 (run_dir / "lineage.json").write_text(json.dumps({"policy_sha256": sha}))
+                fake_outcomes(run_dir, 4, final)
                 job += 1
+
+
+def fake_outcomes(run_dir: Path, step: int, final: dict, records: int = 10, samples: int = 4) -> None:
+    """held_out/step_<step>.jsonl as mrl writes it, for `final`'s numbers: of `records` records, the first
+    round(value x records) score 1 on a channel (greedy: eval/accuracy and eval/format/mean; each of the `samples`
+    sampled episodes: eval/<channel>/mean@<samples>), the rest 0."""
+    from mrl.evaluate import outcomes_path
+
+    def value(key: str, i: int) -> float | None:
+        return None if key not in final else float(i < round(final[key] * records))
+
+    rows = []
+    for i in range(records):
+        rows.append({"id": f"r{i}", "sample": "greedy", "correctness": value("eval/accuracy", i),
+                     "format": value("eval/format/mean", i)})
+        rows += [{"id": f"r{i}", "sample": s, "correctness": value(f"eval/correctness/mean@{samples}", i),
+                  "format": value(f"eval/format/mean@{samples}", i)} for s in range(samples)]
+    path = outcomes_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 @pytest.fixture
@@ -143,8 +164,10 @@ def reports(tmp_path, monkeypatch):
 
 
 def bfcl_eval(accuracy: float, fmt: float) -> dict:
+    """An evaluation's numbers; mean@4 the same as greedy."""
     return {"eval/accuracy": accuracy, "eval/format/mean": fmt, "eval/simple_python/accuracy": accuracy,
-            "eval/multiple/accuracy": accuracy, "eval/parallel/accuracy": accuracy}
+            "eval/multiple/accuracy": accuracy, "eval/parallel/accuracy": accuracy,
+            "eval/correctness/mean@4": accuracy, "eval/format/mean@4": fmt}
 
 
 def test_the_warm_start_is_reused_when_intact_and_made_again_when_not(reports, monkeypatch):
@@ -172,8 +195,11 @@ def test_the_warm_start_is_reused_when_intact_and_made_again_when_not(reports, m
 
 
 def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatch):
-    """gdpo leads on accuracy by 0.3 with a standard error of 0.0577 each (2 SE of the difference: 0.163): HELD;
-    on format the arms are 0.1 apart, within 2 SE: NOT RESOLVED; both together: NOT RESOLVED."""
+    """gdpo leads on accuracy (mean@4) by 0.3 with a standard error of 0.0577 each (2 SE of the difference: 0.163):
+    unpaired HELD; paired, 3 of 10 records differ by +1 in every seed: the resampled difference is Binomial(30, 0.3)
+    / 30, whose 2.5th percentile is above 0: HELD.  On format the arms are 0.1 apart, within 2 SE: NOT RESOLVED;
+    paired, 1 record of 10 per seed: Binomial(30, 0.1) is 0 with chance 0.04 > 0.025, the interval holds 0: NOT
+    RESOLVED.  Both together: NOT RESOLVED."""
     from mrl.repro import paper_bfcl
 
     finals = {"grpo": [bfcl_eval(a, f) for a, f in ((0.2, 0.7), (0.3, 0.8), (0.4, 0.9))],
@@ -185,8 +211,13 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
     summary = (out / "summary.md").read_text()
     assert "| start (warm start) | 0.350 | 0.850 |" in summary
     assert "| gdpo | 0.600 ± 0.058 | 0.900 ± 0.058 |" in summary
-    assert "| held-out accuracy (BFCL's verdict) | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD |" in summary
-    assert "| format | 0.900 ± 0.058 | 0.800 ± 0.058 | NOT RESOLVED |" in summary
+    assert "| held-out accuracy (BFCL's verdict): correctness/mean@4 | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD (0.163) " \
+           "| +0.300 [+0." in summary
+    assert "| format: format/mean@4 | 0.900 ± 0.058 | 0.800 ± 0.058 | NOT RESOLVED (0.163) | +0.100 [+0.000, " \
+           in summary
+    rows = [line for line in summary.splitlines() if line.startswith(("| held-out accuracy", "| format:"))]
+    assert [row.split(" | ")[-1] for row in rows] == ["HELD |", "NOT RESOLVED |"]  # the paired verdicts
+    assert "3 seeds x 10 records" in rows[0] and "x the seeds x records" in rows[1]  # format: what would resolve it
     assert "**Verdict: NOT RESOLVED.**" in summary and "**Cost.**" in summary
     assert "Every run started from the warm start's weights" in summary
     assert "mrl sft model=smollm2_local rewards=bfcl" in summary and "mrl train -m model=smollm2_local" in summary

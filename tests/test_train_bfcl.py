@@ -1,6 +1,7 @@
 """`make train-bfcl` and `make train-bfcl-agent`: their settings compose (SFT, then RL from its checkpoint), and
 (slow, with `make smollm2`) a short version of each pipeline runs SmolLM2-135M-Instruct base -> SFT -> RL with
-held-out accuracy at every stage."""
+held-out accuracy at every stage; train-bfcl's summary (RL's paired gain over its start, SFT alone beside it) from
+fake runs."""
 
 from __future__ import annotations
 
@@ -14,12 +15,22 @@ from hydra import compose, initialize_config_dir
 
 from mrl.config import CONF_DIR
 from mrl.loop import train
+from mrl.repro import train_bfcl
 from mrl.sft import sft
 from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
-PIPELINES = [("SFT_BFCL", "TRAIN_BFCL"), ("SFT_BFCL_AGENT", "TRAIN_BFCL_AGENT")]
+
+
+def stage_overrides(stage: str) -> list[str]:
+    """train-bfcl's overrides of one stage (sft, rl, sft_more) for seed 0, without where it runs and starts from."""
+    args = train_bfcl.stage_args(0, Path("runs"), extra_sft=5)[stage][1:]
+    return [a for a in args if not a.startswith(("hydra.run.dir=", "trainer.init_from=", "trainer.resume="))]
+
+
+PIPELINES = [(stage_overrides("sft"), stage_overrides("rl")),
+             (makefile_overrides("SFT_BFCL_AGENT"), makefile_overrides("TRAIN_BFCL_AGENT"))]
 
 
 def compose_sft(*overrides: str):
@@ -29,11 +40,13 @@ def compose_sft(*overrides: str):
 
 @pytest.mark.parametrize("sft_settings, rl_settings", PIPELINES)
 def test_the_two_stages_compose_on_the_same_task_and_evaluation(sft_settings, rl_settings):
-    first = compose_sft(*makefile_overrides(sft_settings))
-    second = compose_config(*makefile_overrides(rl_settings), shrink=False)
+    first = compose_sft(*sft_settings)
+    second = compose_config(*rl_settings, shrink=False)
     assert first.stage == "sft" and second.stage == "rl" and second.algo.name == "gdpo"
     assert first.rewards.task == second.rewards.task  # SFT's demonstrations and RL's prompts: one task
-    for key in ("max_new_tokens", "max_tool_tokens", "eval_prompts"):  # RL's step 0 scores what SFT's end scored
+    sampled = ("temperature",) if second.trainer.eval_samples else ()  # mean@k at the same temperature
+    for key in ("max_new_tokens", "max_tool_tokens", "eval_prompts", "eval_samples", *sampled):  # RL's step 0 scores
+        # what SFT's end scored
         assert first.trainer[key] == second.trainer[key], key
     assert second.trainer.max_steps % second.trainer.eval_every == 0  # the held-out curve ends on the last step
 
@@ -41,8 +54,10 @@ def test_the_two_stages_compose_on_the_same_task_and_evaluation(sft_settings, rl
 def test_train_bfcl_scores_every_held_out_record():
     from mrl.tasks import build_task
 
-    cfg = compose_config(*makefile_overrides("TRAIN_BFCL"), shrink=False)
+    cfg = compose_config(*stage_overrides("rl"), shrink=False)
     assert cfg.trainer.eval_prompts == len(build_task(cfg).split.eval) == 78
+    more = compose_sft(*stage_overrides("sft_more"))
+    assert more.sft.steps == train_bfcl.SFT_STEPS + 5 and more.trainer.eval_samples == cfg.trainer.eval_samples
 
 
 @pytest.mark.slow
@@ -50,10 +65,11 @@ def test_train_bfcl_scores_every_held_out_record():
 def test_a_short_train_bfcl_pipeline_logs_held_out_accuracy_at_every_stage(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # model.name_or_path is relative to the repository
     short = ["trainer.eval_prompts=4"]
-    sft(compose_sft(*makefile_overrides("SFT_BFCL"), *short, "sft.steps=2"), tmp_path / "sft")
+    sft(compose_sft(*stage_overrides("sft"), *short, "sft.steps=2", "trainer.eval_samples=0"), tmp_path / "sft")
     rl = ["trainer.max_steps=2", "trainer.eval_every=2", "logger.samples_every=1",
           f"trainer.init_from={tmp_path / 'sft'}"]
-    train(compose_config(*makefile_overrides("TRAIN_BFCL"), *short, *rl, shrink=False), tmp_path / "rl")
+    train(compose_config(*stage_overrides("rl"), *short, *rl, "trainer.eval_samples=0", "trainer.eval_at_start=true",
+                         shrink=False), tmp_path / "rl")
     sft_evals = {r["step"]: r for r in read_metrics(tmp_path / "sft" / METRICS_FILE) if "eval/accuracy" in r}
     records = read_metrics(tmp_path / "rl" / METRICS_FILE)
     rl_evals = {r["step"]: r for r in records if "eval/accuracy" in r}
@@ -67,3 +83,65 @@ def test_a_short_train_bfcl_pipeline_logs_held_out_accuracy_at_every_stage(tmp_p
     sample = json.loads((tmp_path / "rl" / SAMPLES_FILE).read_text().splitlines()[-1])
     assert "You can call tools" in sample["prompt"] and sample["prompt"].count("<|im_start|>user") == 1  # no shots
     assert json.loads((tmp_path / "rl" / "lineage.json").read_text())["step"] == 2
+
+
+# ---- the summary, from fake runs -----------------------------------------------------------------------------------
+
+def write_stage(run_dir: Path, steps: range, step_s: float, step: int, solved: int, records: int = 20) -> None:
+    """What an mrl stage leaves: metrics.jsonl (each step's perf/step_s, an evaluation at `step`) and that
+    evaluation's outcomes, the first `solved` of `records` right on every sampled episode (format always 1)."""
+    from mrl.evaluate import outcomes_path
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    share = {"eval/accuracy": solved / records, "eval/format/mean": 1.0, "eval/correctness/mean@4": solved / records,
+             "eval/format/mean@4": 1.0}
+    lines = [{"step": s, "perf/step_s": step_s} | (share if s == step else {}) for s in steps]
+    with (run_dir / METRICS_FILE).open("a") as file:
+        file.writelines(json.dumps(line) + "\n" for line in lines)
+    rows = [{"id": f"r{i}", "sample": k, "correctness": float(i < solved), "format": 1.0}
+            for i in range(records) for k in ["greedy", 0, 1, 2, 3]]
+    outcomes_path(run_dir, step).parent.mkdir(exist_ok=True)
+    outcomes_path(run_dir, step).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_train_bfcl_summary_pairs_rl_with_its_start_and_sft_alone(tmp_path, monkeypatch):
+    """Both seeds: the start solves 6 of 20 records, RL 12 (the same 6 and 6 more), SFT alone 8.  RL - start: 6 of 20
+    records +1, the resampled mean Binomial(20, 0.3)/20 with P(<= 1/20) = 0.008 and P(<= 2/20) = 0.035: the interval
+    starts at 0.1, HELD on each seed.  SFT alone - start: 2 of 20, P(0) = 0.9^20 = 0.12: NOT RESOLVED.  SFT steps
+    take 10 s and RL's 40 steps 30 s each: SFT alone gets 1200 / 10 = 120 more steps.  Both seeds together, SFT
+    alone's 4 of 40 pairs: P(0) = 0.9^40 = 0.015 < 0.025, HELD."""
+    import mrl.repro.common as common
+
+    calls = []
+
+    def fake_mrl(args: list[str]) -> None:
+        calls.append(args)
+        if args[0] == "report":
+            return
+        run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+        if args[0] == "train":
+            write_stage(run_dir, range(1, 41), 30.0, 40, 12)
+        elif "trainer.resume=true" in args:
+            write_stage(run_dir, range(11, 131), 10.0, 130, 8)
+        else:
+            write_stage(run_dir, range(1, 11), 10.0, 10, 6)
+
+    for module in (common, train_bfcl):
+        monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(train_bfcl.warm, "mrl", fake_mrl)
+    monkeypatch.setenv("SEEDS", "0,1")
+    train_bfcl.main()
+    assert [a[0] for a in calls] == ["sft", "train", "sft", "report"] * 2
+    assert "sft.steps=130" in calls[2] and "trainer.resume=true" in calls[2]
+    summary = (tmp_path / "reports" / "train-bfcl" / "summary.md").read_text()
+    gain = [line for line in summary.splitlines() if line.startswith("| accuracy (correctness): RL (GDPO) over")]
+    assert [line.split(" | ")[1] for line in gain] == ["0", "1", "0,1"]
+    assert all("| 0.600 | 0.300 |" in line or "| 0.600 ± 0.000 | 0.300 ± 0.000 |" in line for line in gain)
+    assert all("+0.300 [+0.100, +0.500]" in line and line.endswith("| HELD |") for line in gain[:2])
+    alone = [line for line in summary.splitlines() if line.startswith("| accuracy (correctness): SFT alone")]
+    assert all(line.endswith("| NOT RESOLVED |") and "+0.100 [+0.000," in line for line in alone[:2])
+    assert alone[2].endswith("| HELD |")  # both seeds: Binomial(40, 0.1) is 0 with chance 0.015 < 0.025
+    assert "1 seed x 20 records; this difference needs ~1.6x" in alone[0]  # (0.125 / 0.1)^2
+    assert "**Verdict: HELD.** RL over its start, per seed: seed 0 HELD; seed 1 HELD." in summary
+    assert "| 0 | sft | 10 | 0.300 | 1.000 | 0.300 | 1.000 | 100 |" in summary  # the start, after 100 s of SFT
+    assert "| 0 | rl | 40 | 0.600 | 1.000 | 0.600 | 1.000 | 1200 |" in summary

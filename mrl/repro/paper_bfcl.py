@@ -6,9 +6,10 @@ declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL a
 76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
 two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
 before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; every
-one of the 170 held-out records, at both scales, scored greedy at the start (the warm start's own evaluation, every
-arm's step 0) and every `eval_every` steps.  gdpo_conditioned does not apply: it conditions efficiency on
-correctness, and this setting has no efficiency channel.
+one of the 170 held-out records, at both scales, scored greedy and k times sampled (mean@k) at the start (the warm
+start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims are judged on mean@k, paired
+by seed and record (mrl.repro.paired), with the unpaired 2-SE verdict on the seed means beside it.
+gdpo_conditioned does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
 the paper's sizes (MODEL=/path; GPU_MODEL=qwen3_0_6b for Qwen3, whose final checkpoints are also scored with
@@ -20,7 +21,8 @@ from __future__ import annotations
 import time
 
 from mrl.repro import warm
-from mrl.repro.common import REPORTS, combined_verdict, markdown_table, two_se_verdict, write_summary
+from mrl.repro.common import REPORTS, combined_verdict, markdown_table, write_summary
+from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdict_cells
 
 NAME = "paper/bfcl"
 CATEGORIES = ("simple_python", "multiple", "parallel")
@@ -29,7 +31,7 @@ SEEDS = "0,1,2"
 HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
 TASK = ["rewards=bfcl", f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
-KEYS = ["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/accuracy" for c in CATEGORIES]
+CLAIMS = (("correctness", "held-out accuracy (BFCL's verdict)"), ("format", "format"))
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
     "cpu": (["model=smollm2_local"], 0,
@@ -42,6 +44,7 @@ SIZES = {
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
              "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
 }
+SAMPLES = {"cpu": 4, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
 MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
 
 
@@ -52,7 +55,8 @@ def plan(at: str | None = None) -> warm.Plan:
     model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
     prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
     shared = [*model, *TASK, f"rewards.task.eval_per_category={per_category}",
-              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}"]
+              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}",
+              f"trainer.eval_samples={SAMPLES[at]}"]
     return warm.Plan(root=REPORTS / NAME / "runs", sft=(*shared, *sft, "trainer.seed=0"),
                      train=(*shared, *rl, "trainer.eval_at_start=false"),
                      sweeps=(warm.Sweep("arms", (f"algo={','.join(ARMS)}", f"trainer.seed={SEEDS}")),),
@@ -63,14 +67,23 @@ def arm_of(run) -> str:
     return run.config.algo.name
 
 
-def verdict_rows(table: dict[str, dict[str, list[float]]]) -> tuple[list[list[str]], str]:
-    """The paper's direction, GDPO ahead of GRPO on correctness and on format, one 2-SE verdict each -> (table rows,
-    the combined verdict)."""
+def keys(samples: int) -> list[str]:
+    """The table's held-out keys: greedy accuracy and format, each claimed channel's mean@k, per-category accuracy."""
+    return (["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/mean@{samples}" for c, _ in CLAIMS]
+            + [f"eval/{c}/accuracy" for c in CATEGORIES])
+
+
+def verdict_rows(table: dict[str, dict[str, list[float]]], runs, samples: int) -> tuple[list[list[str]], str]:
+    """The paper's direction, GDPO ahead of GRPO on correctness and on format, each judged on its mean@k (the
+    sampled episodes: greedy answers rarely flip) paired by seed and record, the unpaired 2-SE verdict beside it ->
+    (table rows, the combined paired verdict)."""
     rows, parts = [], []
-    for key, what in (("eval/accuracy", "held-out accuracy (BFCL's verdict)"), ("eval/format/mean", "format")):
-        verdict = two_se_verdict(table["gdpo"][key], table["grpo"][key])
-        parts.append(verdict)
-        rows.append([what, warm.cell(table["gdpo"][key]), warm.cell(table["grpo"][key]), verdict])
+    for channel, what in CLAIMS:
+        key = f"eval/{channel}/mean@{samples}"
+        paired = paired_verdict(*(arm_outcomes(runs, arm_of, arm, channel, sampled=True) for arm in ("gdpo", "grpo")))
+        parts.append(paired.verdict)
+        rows.append([f"{what}: {key.removeprefix('eval/')}", warm.cell(table["gdpo"][key]),
+                     warm.cell(table["grpo"][key]), *verdict_cells(table["gdpo"][key], table["grpo"][key], paired)])
     return rows, combined_verdict(parts)
 
 
@@ -80,16 +93,19 @@ def main() -> None:
     recorded, reused = warm.ensure_warm_start(the_plan)
     runs = warm.run_sweeps(the_plan, keep_checkpoints=the_plan.thinking)
     thinking = warm.thinking_holdouts(the_plan, runs)
-    origin = warm.start_numbers(the_plan)
-    table = warm.write_tables(out, "bfcl", runs, arm_of, KEYS, origin)
-    warm.plot_curves(out / "bfcl.png", runs, arm_of, KEYS, origin, "BFCL held-out (greedy), mean ± SE over seeds")
+    origin, samples = warm.start_numbers(the_plan), SAMPLES[warm.scale(SIZES)]
+    held_keys = keys(samples)
+    table = warm.write_tables(out, "bfcl", runs, arm_of, held_keys, origin)
+    warm.plot_curves(out / "bfcl.png", runs, arm_of, held_keys, origin,
+                     f"BFCL held-out (greedy; mean@{samples}: {samples} samples at the training temperature), "
+                     "mean ± SE over seeds")
     html = warm.write_html(the_plan, out / "report.html", "repro-paper: GRPO vs GDPO on BFCL from one warm start")
-    header = ["arm", *(k.removeprefix("eval/") for k in KEYS)]
+    header = ["arm", *(k.removeprefix("eval/") for k in held_keys)]
     numbers = markdown_table(header, [["start (warm start)", *(warm.cell([origin[k]] if origin.get(k) is not None
-                                                                         else []) for k in KEYS)]]
-                             + [[arm, *(warm.cell(table[arm][k]) for k in KEYS)] for arm in ARMS])
-    rows, verdict = verdict_rows(table)
-    numbers += "\n\n" + markdown_table(["GDPO ahead of GRPO on", "gdpo", "grpo", "verdict (2 SE)"], rows)
+                                                                         else []) for k in held_keys)]]
+                             + [[arm, *(warm.cell(table[arm][k]) for k in held_keys)] for arm in ARMS])
+    rows, verdict = verdict_rows(table, runs, samples)
+    numbers += "\n\n" + markdown_table(["GDPO ahead of GRPO on", "gdpo", "grpo", *COLUMNS], rows)
     numbers += warm.provenance(runs, recorded["policy_sha256"], thinking)
     numbers += "\n\n![held-out curves](bfcl.png)"
     sft_cost = "reused (made earlier)" if reused else warm.minutes(recorded["wall_s"])
@@ -102,13 +118,12 @@ def main() -> None:
               f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
               + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"
                  if the_plan.eval_prompts < HELD_OUT else f"every one of their {HELD_OUT} held-out records")
-              + ". Table: each arm's last evaluation, mean ± standard error over "
-              f"seeds {SEEDS}; start = the warm start's own evaluation (every arm's step 0). Verdict per channel: "
-              "HELD when GDPO - GRPO exceeds two standard errors of the difference, NOT HELD below minus two, "
-              f"NOT RESOLVED within. Interactive curves and every metric as CSV: `{html.relative_to(REPORTS.parent)}` "
-              f"({warm.HTML_NOTE}).",
+              + f", greedy and {samples} times sampled at the training temperature (mean@{samples}). Table: each "
+              f"arm's last evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own "
+              f"evaluation (every arm's step 0). Claims judged on mean@{samples}. {RULE} Interactive curves and "
+              f"every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}).",
         numbers=numbers,
-        verdict=f"GDPO vs GRPO: {'; '.join(f'{r[0]} {r[3]}' for r in rows)}.",
+        verdict=f"GDPO vs GRPO, paired: {'; '.join(f'{r[0]} {r[-1]}' for r in rows)}.",
         held=verdict,
         cost=f"warm start {sft_cost}; the whole target {warm.minutes(time.perf_counter() - start)} of wall time.",
     )
