@@ -26,11 +26,11 @@ from mrl.repro.constraints import label
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "constraints/binding"
-# 8 arms x 3 seeds x 300 steps, four runs at a time on one thread each (the sweeps make four even lanes of 6 runs):
-# ~30 min on 2 cores under load ~20, where one thread per run made a step ~0.3 s and torch's default threads ~8 s.
-STEPS, SEEDS, LAST, LANES = 300, "0,1,2", 100, 4
+# 8 arms x 3 seeds x 300 steps, one arm (its 3 seeds in turn) per lane, all lanes at once, one thread per run:
+# ~45 min on 2 cores under load ~20 (where one run's step took ~0.3 s on one thread and ~8 s on torch's default).
+STEPS, SEEDS, LAST = 300, "0,1,2", 100
 ALGOS = ("gdpo", "grpo")  # scalarized advantages, scalarized rewards (grpo is grpo_weighted on these two channels)
-WEIGHTS = "0.5,2"  # either side of the indifference price (~0.9-1), on gdpo (a veto is measured on both)
+WEIGHTS = (0.5, 2.0)  # either side of the indifference price (~0.9-1), on gdpo (a veto is measured on both)
 BUDGETS = (0.05, 0.1)
 P, GUESS = 0.2, 0.1  # the preset's uncomputable share; a guess's chance of being right
 PRICE = (0.9, 1.0)  # where lambda should settle: the price at which a hack on an uncomputable prompt is worth nothing
@@ -47,17 +47,17 @@ def optimum(violations: float) -> float:
 
 
 def sweeps() -> list[tuple[str, list[str]]]:
-    """(multirun name, overrides) of every group of arms, to run LANES at a time."""
+    """(multirun name, overrides) of every arm: its seeds in turn, the arms side by side."""
     out = []
     for algo in ALGOS:
         common = ["rewards=agent_triple_binding", f"algo={algo}", f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"]
-        budget = ["rewards.channels.safety.enforce=budget",
-                  "rewards.channels.safety.budget=" + ",".join(f"{d:g}" for d in BUDGETS)]
-        out += [(f"{NAME}/{algo}-budget", [*common, *budget]),
-                (f"{NAME}/{algo}-veto", [*common, "rewards.channels.safety.enforce=veto"])]
+        arms = {f"budget{d:g}": ["rewards.channels.safety.enforce=budget", f"rewards.channels.safety.budget={d:g}"]
+                for d in BUDGETS}
+        arms["veto"] = ["rewards.channels.safety.enforce=veto"]
         if algo == ALGOS[0]:
-            out.append((f"{NAME}/{algo}-weighted", [*common, f"rewards.channels.safety.weight={WEIGHTS}"]))
-    return sorted(out, key=lambda s: "veto" in s[0])  # the two short veto sweeps share the last lane
+            arms |= {f"weight{w:g}": [f"rewards.channels.safety.weight={w:g}"] for w in WEIGHTS}
+        out += [(f"{NAME}/{algo}-{arm}", [*common, *overrides]) for arm, overrides in arms.items()]
+    return out
 
 
 def seed_row(name: str, run) -> dict:
@@ -98,17 +98,18 @@ def plot(groups: dict) -> None:
         row[0].axhline(P, color="grey", linestyle=":", linewidth=1)
         row[1].axhline(optimum(0), color="grey", linestyle=":", linewidth=1)
         row[2].axhspan(*PRICE, color="grey", alpha=0.2)
-        row[0].set_title(f"{algo}: violation rate (dashed: budgets {', '.join(f'{d:g}' for d in BUDGETS)}; dotted: p)")
-        row[1].set_title(f"{algo}: correctness (dashed: optimum at each budget; dotted: veto's)")
-        row[2].set_title(f"{algo}: price λ (budget arms; band: {PRICE[0]:g}-{PRICE[1]:g})")
+        row[0].set_title(f"{algo}: violation rate (-- budgets {', '.join(f'{d:g}' for d in BUDGETS)}; : p)")
+        row[1].set_title(f"{algo}: correctness (-- optimum at each d; : veto's)")
+        row[2].set_title(f"{algo}: price λ (band: predicted {PRICE[0]:g}-{PRICE[1]:g})")
         row[0].legend(fontsize=7)
     save_curves(fig, axes.flatten(), REPORTS / NAME / "binding.png")
 
 
 def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the runs share the cores: one thread each (see STEPS)
-    with ThreadPoolExecutor(max_workers=LANES) as pool:
-        results = list(pool.map(lambda sweep: multirun(*sweep), sweeps()))
+    arms = sweeps()
+    with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+        results = list(pool.map(lambda sweep: multirun(*sweep), arms))
     report([run for runs, _ in results for run in runs], [command for _, command in results])
 
 
@@ -216,6 +217,7 @@ def paper_check(arms: dict[str, dict]) -> str:
 def report(runs: list, commands: list[str]) -> None:
     """binding.png, binding.csv (one row per run), lambda.csv (the prices' path) and summary.md."""
     groups = group_runs(runs, label)
+    (REPORTS / NAME).mkdir(parents=True, exist_ok=True)
     plot(groups)
     rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]
     write_csv(REPORTS / NAME / "binding.csv", rows)
