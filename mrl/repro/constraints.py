@@ -1,10 +1,13 @@
 """repro-constraints: the forbidden shortcut priced by a weight, enforced by a veto, or held to a budget by a learned
 price (enforce: budget, a Lagrange multiplier), the price applied to the advantages (gdpo) or to the rewards
-(grpo_weighted)."""
+(grpo_weighted).  Two settings (SETTINGS=shortcut or binding; both by default): `shortcut`, agent_triple, where the
+shortcut is never needed (here); `binding`, agent_triple_binding, where some prompts only the shortcut wins
+(mrl/repro/constraints_binding.py, reports/constraints/binding/)."""
 
 from __future__ import annotations
 
 import math
+import os
 
 from mrl.report import moving_average
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
@@ -82,6 +85,20 @@ def plot(groups: dict) -> None:
 
 
 def main() -> None:
+    names = os.environ.get("SETTINGS", "") or "shortcut,binding"
+    chosen = set(names.split(","))
+    if chosen - {"shortcut", "binding"}:
+        raise SystemExit(f"SETTINGS={names!r}: choose shortcut, binding, or both (shortcut,binding)")
+    if "shortcut" in chosen:
+        shortcut()
+    if "binding" in chosen:
+        from mrl.repro import constraints_binding  # it imports this module's label
+
+        constraints_binding.main()
+
+
+def shortcut() -> None:
+    """agent_triple: the shortcut pays, but is never needed (calc also gets every answer)."""
     # grpo_weighted: channel scales equalized by hand, so correctness counts and the shortcut (correct and short)
     # competes with the honest tool (correct and long) on the safety weight (or price) alone.
     common = [f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"]

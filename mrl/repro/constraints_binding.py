@@ -1,0 +1,252 @@
+"""repro-constraints, the binding setting (rewards=agent_triple_binding): a share p of the prompts can only be won by
+the forbidden shortcut, so the constraint costs reward.  Arms: a safety weight (two values), a veto, and budgets d
+held by a learned price, each under gdpo (the price on the advantages) and grpo (on the rewards).  What each arm
+should reach if it works was written down before the runs: docs/constraints.md, "A budget that binds"."""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from mrl.report import moving_average
+from mrl.repro.common import (
+    HELD,
+    NOT_HELD,
+    REPORTS,
+    combined_verdict,
+    markdown_table,
+    mean_se,
+    multirun,
+    two_se_verdict,
+    write_csv,
+    write_summary,
+)
+from mrl.repro.constraints import label
+from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
+
+NAME = "constraints/binding"
+# 8 arms x 3 seeds x 300 steps, one arm (its 3 seeds in turn) per lane, all lanes at once, one thread per run:
+# ~45 min on 2 cores under load ~20 (where one run's step took ~0.3 s on one thread and ~8 s on torch's default).
+STEPS, SEEDS, LAST = 300, "0,1,2", 100
+ALGOS = ("gdpo", "grpo")  # scalarized advantages, scalarized rewards (grpo is grpo_weighted on these two channels)
+WEIGHTS = (0.5, 2.0)  # either side of the indifference price (~0.9-1), on gdpo (a veto is measured on both)
+BUDGETS = (0.05, 0.1)
+P, GUESS = 0.2, 0.1  # the preset's uncomputable share; a guess's chance of being right
+PRICE = (0.9, 1.0)  # where lambda should settle: the price at which a hack on an uncomputable prompt is worth nothing
+
+
+def optimum(violations: float) -> float:
+    """The correctness of the best policy that violates on a share `violations` of the episodes, spending it all
+    on uncomputable prompts and guessing the rest of them: 1 - p(1 - g) + v(1 - g) (docs/constraints.md).
+
+    >>> [round(optimum(v), 3) for v in (0.0, 0.05, 0.1, 0.2)]
+    [0.82, 0.865, 0.91, 1.0]
+    """
+    return 1 - P * (1 - GUESS) + min(violations, P) * (1 - GUESS)
+
+
+def sweeps() -> list[tuple[str, list[str]]]:
+    """(multirun name, overrides) of every arm: its seeds in turn, the arms side by side."""
+    out = []
+    for algo in ALGOS:
+        common = ["rewards=agent_triple_binding", f"algo={algo}", f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"]
+        arms = {f"budget{d:g}": ["rewards.channels.safety.enforce=budget", f"rewards.channels.safety.budget={d:g}"]
+                for d in BUDGETS}
+        arms["veto"] = ["rewards.channels.safety.enforce=veto"]
+        if algo == ALGOS[0]:
+            arms |= {f"weight{w:g}": [f"rewards.channels.safety.weight={w:g}"] for w in WEIGHTS}
+        out += [(f"{NAME}/{algo}-{arm}", [*common, *overrides]) for arm, overrides in arms.items()]
+    return out
+
+
+def seed_row(name: str, run) -> dict:
+    """One run: its violation rate over the last LAST steps with that mean's standard error (steps taken as
+    independent: a low estimate), correctness, and the price: final, mean and spread over the last LAST steps."""
+    rates = [-v for v in run.series("reward/safety/mean")]
+    violation, se = mean_se(rates[-LAST:])
+    budget = run.config.rewards.channels.safety.budget if run.config.rewards.channels.safety.enforce == "budget" \
+        else None
+    prices = run.series("constraint/safety/lambda")
+    price, price_se = mean_se(prices[-LAST:]) if prices else (math.nan, math.nan)
+    return {"setting": name, "seed": run.config.trainer.seed, "budget": "-" if budget is None else budget,
+            f"violation_last{LAST}": violation, "violation_se": se,
+            "within_budget": "-" if budget is None else violation <= budget + 2 * se,
+            f"correctness_last{LAST}": run.mean_last("reward/correctness/mean", LAST),
+            "optimum_correctness": optimum(budget) if budget is not None else "-",
+            "final_lambda": prices[-1] if prices else "-",
+            f"lambda_mean_last{LAST}": price if prices else "-",
+            f"lambda_sd_last{LAST}": price_se * math.sqrt(LAST) if prices else "-",
+            "peak_violation_ma20": max(moving_average(rates, 20)),
+            "peak_lambda": max(prices) if prices else "-"}
+
+
+def plot(groups: dict) -> None:
+    """One row per estimator: violation rate against the budget lines, correctness against the optimum's, the
+    price against the band it should settle in."""
+    plt = pyplot()
+    fig, axes = plt.subplots(len(ALGOS), 3, figsize=(15, 3.6 * len(ALGOS)))
+    for row, algo in zip(axes, ALGOS):
+        arms = {n: runs for n, runs in groups.items() if runs[0].config.algo.name == algo}
+        for i, (name, runs) in enumerate(arms.items()):  # an arm's colour is the same in its row's panels
+            plot_band(row[0], runs, "reward/safety/mean", name, sign=-1, color=f"C{i}")
+            plot_band(row[1], runs, "reward/correctness/mean", name, color=f"C{i}")
+            plot_band(row[2], runs, "constraint/safety/lambda", name, color=f"C{i}")
+        for d in BUDGETS:
+            row[0].axhline(d, color="black", linestyle="--", linewidth=1)
+            row[1].axhline(optimum(d), color="black", linestyle="--", linewidth=0.8)
+        row[0].axhline(P, color="grey", linestyle=":", linewidth=1)
+        row[1].axhline(optimum(0), color="grey", linestyle=":", linewidth=1)
+        row[2].axhspan(*PRICE, color="grey", alpha=0.2)
+        row[0].set_title(f"{algo}: violation rate (-- budgets {', '.join(f'{d:g}' for d in BUDGETS)}; : p)")
+        row[1].set_title(f"{algo}: correctness (-- optimum at each d; : veto's)")
+        row[2].set_title(f"{algo}: price λ (band: predicted {PRICE[0]:g}-{PRICE[1]:g})")
+        row[0].legend(fontsize=7)
+    save_curves(fig, axes.flatten(), REPORTS / NAME / "binding.png")
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # the runs share the cores: one thread each (see STEPS)
+    arms = sweeps()
+    with ThreadPoolExecutor(max_workers=len(arms)) as pool:
+        results = list(pool.map(lambda sweep: multirun(*sweep), arms))
+    report([run for runs, _ in results for run in runs], [command for _, command in results])
+
+
+def arm_stats(rows: list[dict]) -> dict[str, dict]:
+    """{arm: its seeds' values of each column that is a number, as lists} (paired by seed: rows in seed order)."""
+    arms: dict[str, dict] = {}
+    for row in sorted(rows, key=lambda r: r["seed"]):
+        arm = arms.setdefault(row["setting"], {})
+        for key, value in row.items():
+            if isinstance(value, float) and not isinstance(value, bool):
+                arm.setdefault(key, []).append(value)
+    return arms
+
+
+def arm_table(arms: dict[str, dict]) -> str:
+    """Per arm, the seeds' mean +- standard error of violations and correctness, the optimum's, and the price."""
+    def cell(values: list[float]) -> str:
+        mean, se = mean_se(values)
+        return f"{mean:.3f} ± {se:.3f}"
+
+    rows = []
+    for name, arm in arms.items():
+        d = arm["budget"][0] if "budget" in arm else None
+        target = (d, optimum(d)) if d is not None else (0.0, optimum(0)) if "veto" in name else None
+        rows.append([name, cell(arm[f"violation_last{LAST}"]), cell(arm[f"correctness_last{LAST}"]),
+                     "-" if target is None else f"{target[0]:g} / {target[1]:.3f}",
+                     cell(arm[f"lambda_mean_last{LAST}"]) if "final_lambda" in arm else "-",
+                     f"{mean_se(arm['final_lambda'])[0]:.2f}" if "final_lambda" in arm else "-",
+                     f"{mean_se(arm['peak_violation_ma20'])[0]:.3f}"])
+    return markdown_table(["arm", f"violation (last {LAST})", f"correctness (last {LAST})",
+                           "optimum: violation / correctness", f"λ (last {LAST})", "final λ",
+                           "peak violation (20-step mean)"], rows)
+
+
+def price_path(groups: dict) -> list[dict]:
+    """The price of every budget arm (mean over seeds) every 10 steps: the path of the λ column of binding.png."""
+    budgeted = {n: runs for n, runs in groups.items() if "budget" in n}
+    paths = {n: [sum(vs) / len(vs) for vs in zip(*(r.series("constraint/safety/lambda") for r in runs))]
+             for n, runs in budgeted.items()}
+    return [{"step": t + 1, **{n: path[t] for n, path in paths.items()}}
+            for t in range(0, min(map(len, paths.values())), 10)]
+
+
+def budget_verdicts(arms: dict[str, dict], algo: str) -> tuple[list[str], list[str]]:
+    """For each budget d under `algo`: (the verdict words of its three parts, a sentence).  Holds: every seed's
+    violation rate within d + 2 SE; pays: correctness above the same estimator's veto by 2 SE of the paired (same
+    prompts, seed by seed) difference; priced: the price's mean over the last steps above 0 in every seed."""
+    veto = arms[f"{algo} + veto"][f"correctness_last{LAST}"]
+    words, sentences = [], []
+    for name, arm in arms.items():
+        if not name.startswith(f"{algo} + budget"):
+            continue
+        d, rates, correct = arm["budget"][0], arm[f"violation_last{LAST}"], arm[f"correctness_last{LAST}"]
+        ses, prices = arm["violation_se"], arm[f"lambda_mean_last{LAST}"]
+        holds = HELD if all(v <= d + 2 * se for v, se in zip(rates, ses)) else NOT_HELD
+        gains = [c - v for c, v in zip(correct, veto)]
+        pays = two_se_verdict(gains, [0.0] * len(gains))  # the paired difference against 0
+        priced = HELD if all(p > 0 for p in prices) else NOT_HELD
+        words += [holds, pays, priced]
+        gain, gain_se = mean_se(gains)
+        sentences.append(
+            f"{name}: violations {mean_se(rates)[0]:.3f} (seeds {', '.join(f'{v:.3f}' for v in rates)}; budget {d:g}, "
+            f"{'within d + 2 SE in every seed' if holds == HELD else 'over d + 2 SE in some seed'}); correctness "
+            f"{mean_se(correct)[0]:.3f} vs the veto's {mean_se(veto)[0]:.3f}, paired gain {gain:+.3f} ± {gain_se:.3f} "
+            f"({pays}; the optimum's gain: +{optimum(d) - optimum(0):.3f}); λ over the last {LAST} steps "
+            f"{', '.join(f'{p:.2f}' for p in prices)} "
+            f"({'above 0 in every seed' if priced == HELD else 'at 0 in some seed'}).")
+    return words, sentences
+
+
+def weight_verdict(arms: dict[str, dict]) -> tuple[str, str]:
+    """Every weight arm misses every budget by more than 2 SE over seeds (over it or under it)."""
+    misses, parts = [], []
+    for name, arm in arms.items():
+        if "safety weight" not in name:
+            continue
+        rate, se = mean_se(arm[f"violation_last{LAST}"])
+        misses += [abs(rate - d) > 2 * se for d in BUDGETS]
+        parts.append(f"{name} {rate:.3f} ± {se:.3f} (correctness {mean_se(arm[f'correctness_last{LAST}'])[0]:.3f})")
+    word = HELD if all(misses) else NOT_HELD
+    return word, ("Weights: " + "; ".join(parts) + (": every one misses both budgets" if word == HELD else
+                                                     ": some weight lands within a budget") + ".")
+
+
+def paper_check(arms: dict[str, dict]) -> str:
+    """Constrained GRPO's prediction, checked per budget: scalarized rewards (grpo) overshoot more than scalarized
+    advantages (gdpo) (peak 20-step violation rate, and the price's swing over the last steps), and both settle
+    near the indifference price."""
+    out = []
+    for d in BUDGETS:
+        adv, rew = (arms[f"{a} + budget {d:g} ({f})"] for a, f in
+                    zip(ALGOS, ("scalarized advantages", "scalarized rewards")))
+        peak = two_se_verdict(rew["peak_violation_ma20"], adv["peak_violation_ma20"])
+        swing = two_se_verdict(rew[f"lambda_sd_last{LAST}"], adv[f"lambda_sd_last{LAST}"])
+        out.append(
+            f"d = {d:g}: peak violation {mean_se(rew['peak_violation_ma20'])[0]:.3f} (rewards) vs "
+            f"{mean_se(adv['peak_violation_ma20'])[0]:.3f} (advantages): more overshoot on rewards {peak}; λ's swing "
+            f"(sd over the last {LAST} steps) {mean_se(rew[f'lambda_sd_last{LAST}'])[0]:.3f} vs "
+            f"{mean_se(adv[f'lambda_sd_last{LAST}'])[0]:.3f}: {swing}; λ settles at "
+            f"{mean_se(rew[f'lambda_mean_last{LAST}'])[0]:.2f} (rewards) and "
+            f"{mean_se(adv[f'lambda_mean_last{LAST}'])[0]:.2f} (advantages), predicted {PRICE[0]:g}-{PRICE[1]:g}.")
+    return " ".join(out)
+
+
+def report(runs: list, commands: list[str]) -> None:
+    """binding.png, binding.csv (one row per run), lambda.csv (the prices' path) and summary.md."""
+    groups = group_runs(runs, label)
+    (REPORTS / NAME).mkdir(parents=True, exist_ok=True)
+    plot(groups)
+    rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]
+    write_csv(REPORTS / NAME / "binding.csv", rows)
+    write_csv(REPORTS / NAME / "lambda.csv", price_path(groups))
+    arms = arm_stats(rows)
+    advantages, adv_sentences = budget_verdicts(arms, ALGOS[0])
+    rewards, rew_sentences = budget_verdicts(arms, ALGOS[1])
+    weights, weight_sentence = weight_verdict(arms)
+    command = "```\n" + "\n".join(commands) + "\n```"
+    write_summary(
+        NAME,
+        claim=f"Where a share p = {P:g} of the prompts can only be won by the forbidden shortcut, a budget d held by "
+              "a learned price (enforce: budget, on scalarized advantages) keeps the violation rate within d, buys "
+              "correctness the veto gives up, and settles at a price above 0; no fixed safety weight lands at d.",
+        setup=f"`make repro-constraints` (SETTINGS=binding runs this setting alone):\n\n{command}\n\n"
+              f"rewards=agent_triple_binding: a share p = {P:g} of the prompts carry one operand more than calc takes, "
+              "and calc returns no answer there; only `hack` (safety -1: the violation) or a guess (1 in 10) wins "
+              f"them. Channels: correctness and safety. Violation rate: share of rollouts calling `hack`, mean of the "
+              f"last {LAST} of {STEPS} steps (its SE over those steps); correctness likewise; seeds {SEEDS}; one "
+              "thread per run, two runs at a time. gdpo prices the standardized cost (scalarized advantages), grpo the "
+              "raw cost before the group normalization (scalarized rewards; grpo_weighted's hand weights only rescale "
+              "efficiency, absent here, so grpo is grpo_weighted on these channels). The optimum of each arm was "
+              "written down before the runs (docs/constraints.md): violations d and correctness 0.82 + 0.9d at "
+              "budget d, 0 and 0.82 for the veto, λ near 0.9-1.",
+        numbers=arm_table(arms) + "\n\nPer seed ([binding.csv](binding.csv); the prices' path: "
+        "[lambda.csv](lambda.csv)):\n\n" + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
+        + "\n\n![violations, correctness and the price per estimator](binding.png)",
+        verdict=" ".join([*adv_sentences, weight_sentence, "Scalarized rewards (grpo), the same tests:",
+                          *rew_sentences, f"({combined_verdict(rewards)} on grpo.)",
+                          "Constrained GRPO's prediction:", paper_check(arms)]),
+        held=combined_verdict([*advantages, weights]),
+    )
