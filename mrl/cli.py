@@ -38,9 +38,11 @@ def strip_launcher_args(args: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """`python -m mrl` (mrl/__main__.py), under a launcher or not."""
+    """`python -m mrl` (mrl/__main__.py), under a launcher or not.  Under one, every command ends by `dist.finish`
+    (os._exit, no C++ teardown at exit); `train` and `sft` there, with their process group, the others here."""
     sys.argv = [sys.argv[0], *strip_launcher_args(sys.argv[1:])]
-    app(prog_name="mrl")
+    with dist.process_group(start=False):
+        app(prog_name="mrl")
 
 
 def hydra_train(config_name: str = "train") -> None:

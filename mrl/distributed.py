@@ -80,31 +80,40 @@ def init() -> None:
 
 
 def finish(exit_code: int) -> None:
-    """End this rank's part of a run whose exit code is `exit_code`: under a launcher, never leave the process group
-    to the interpreter's teardown, where gloo's threads still hold finished work and the C++ runtime aborts
-    (SIGABRT, "terminate called without an active exception", about one two-rank run in 15).
+    """End this rank's part of a run whose exit code is `exit_code`.  Under a launcher, never by the interpreter's
+    teardown: the process groups DeepSpeed made stay alive after `destroy_process_group` (its engine and optimizer
+    hold them), their gloo threads with them, and libstdc++ aborts at exit ("terminate called without an active
+    exception", SIGABRT, 2 two-rank runs in 40 under load: docs/testing.md).
 
-    - 0 (every rank finished the run: each has made the same collectives): meet in a barrier, then destroy the
-      group, and exit as usual.  A rank that failed after the last collective never reaches the barrier; the
-      launcher stops this one when that rank exits.
+    - 0 (every rank finished the run: each has made the same collectives): meet in a barrier, destroy the group,
+      then `leave(0)`.  A rank that failed after the last collective never reaches the barrier; the launcher stops
+      this one when that rank exits.
     - anything else: the peers may be inside a collective this rank will never join, so destroying the group (a
-      collective) could wait for ever.  Leave at once with `exit_code` (os._exit, after flushing the streams and
-      the logs): the launcher sees it and stops the other ranks; no teardown runs, so nothing aborts."""
-    if not _active():
+      collective) could wait for ever: `leave(exit_code)` at once; the launcher sees it and stops the other ranks.
+    A rank that never started a group (`mrl eval` on ranks > 0) leaves the same way."""
+    if world_size() == 1:
         return
-    import torch.distributed as dist
+    if exit_code == 0 and _active():
+        import torch.distributed as dist
 
-    if exit_code == 0:
         try:
             dist.barrier()
             dist.destroy_process_group()
-            return
         except Exception as err:  # noqa: BLE001  a peer left mid-way: the run did not end alike on every rank
             print(f"mrl: error: [rank {rank()}] another rank stopped before the end of the run ({err})",
                   file=sys.stderr)
             exit_code = 1
+    leave(exit_code)
+
+
+def leave(exit_code: int) -> NoReturn:
+    """Exit with `exit_code` without the C++ runtime's static teardown (os._exit), every sink closed first: the
+    run's own (metrics file, progress bar, W&B run) are closed by its loop; here W&B's service, the logging
+    handlers (Hydra's log file) and stdout/stderr."""
     import logging
 
+    if "wandb" in sys.modules:  # atexit would have torn its service down
+        sys.modules["wandb"].teardown(exit_code)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
@@ -119,10 +128,12 @@ def peer_lost(err: BaseException) -> bool:
 
 
 @contextmanager
-def process_group() -> Iterator[None]:
+def process_group(start: bool = True) -> Iterator[None]:
     """The process group of one command (`mrl train`, `mrl sft`): started on entry under a launcher, ended by
-    `finish` with the command's exit code, whatever the way out (return, SystemExit, an exception)."""
-    init()
+    `finish` with the command's exit code, whatever the way out (return, SystemExit, an exception).  `start=False`
+    (`mrl eval`, whose rank 0 works alone): no group, only the way out."""
+    if start:
+        init()
     code = 1
     try:
         yield
@@ -131,7 +142,7 @@ def process_group() -> Iterator[None]:
         code = exit_code_of(err)
         raise
     except BaseException:
-        if _active():  # finish leaves by os._exit: the interpreter would never print it
+        if world_size() > 1:  # finish leaves by os._exit: the interpreter would never print it
             traceback.print_exc()
         raise
     finally:

@@ -42,6 +42,18 @@ def init_single_process_group(device: torch.device) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
 
 
+def skip_shm_comm_op() -> None:
+    """Start DeepSpeed's communication without its CPU shared-memory all-reduce op (deepspeed_shm_comm).  The op
+    serves only `inference_all_reduce`, the all-reduce of DeepSpeed-Inference's tensor-parallel layers (AutoTP),
+    which mrl never calls (and which falls back to torch's all_reduce without it); ZeRO's collectives are torch's.
+    Yet every rank loaded it at every start, after probing every op's build (gcc runs on a test program, logged
+    through Hydra's logger as `gcc ... test.c -laio`: the async_io op's libaio check)."""
+    import importlib
+
+    # (not `deepspeed.comm.torch`: that attribute is the torch package, which deepspeed.comm re-exports)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def torch_extensions_dir() -> Path:
     """Where DeepSpeed's compiled C++ ops are cached: one dir per Python environment.  Two venvs sharing one dir
     rebuild the op in turn (its build flags name the venv's include paths): minutes per DeepSpeed start on a
@@ -178,6 +190,7 @@ class Trainable:
                 print(f"mrl: removed {lock}, left by a DeepSpeed op build that was killed", file=sys.stderr)
             import deepspeed
 
+            skip_shm_comm_op()
             init_single_process_group(device)
             config = deepspeed_config(ds, self.precision, micro_batch_size, lr, weight_decay)
             optimizer = None if "optimizer" in config else torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)

@@ -168,7 +168,10 @@ def _check(result: subprocess.CompletedProcess) -> None:
 
 def two_rank_run(tmp_path: Path, stage: int, steps: int, *extra: str) -> Path:
     """A run in the default timestamped run dir (cwd tmp_path), checked for what every 2-rank run must hold."""
-    _check(torchrun(2, "train", f"deepspeed=zero{stage}", f"trainer.max_steps={steps}", *TINY, *extra, cwd=tmp_path))
+    result = torchrun(2, "train", f"deepspeed=zero{stage}", f"trainer.max_steps={steps}", *TINY, *extra, cwd=tmp_path)
+    _check(result)
+    for sign in ("gcc ", "deepspeed_shm_comm", "terminate called"):  # a quiet start (no compiler run), a clean exit
+        assert sign not in result.stdout + result.stderr, sign
     run_dirs = [p for p in (tmp_path / "outputs").glob("*/*") if p.is_dir()]
     assert len(run_dirs) == 1, run_dirs  # the ranks agreed on one timestamped dir
     run_dir = run_dirs[0]
@@ -318,6 +321,7 @@ def fake_group(monkeypatch):
     import torch.distributed
 
     group = FakeGroup()
+    monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "_active", lambda: True)
     monkeypatch.setattr(torch.distributed, "barrier", group.barrier)
     monkeypatch.setattr(torch.distributed, "destroy_process_group", group.destroy_process_group)
@@ -329,9 +333,42 @@ def fake_group(monkeypatch):
     return group
 
 
-def test_a_run_that_ended_alike_meets_then_destroys_the_group_and_exits_normally(fake_group):
+def test_a_run_that_ended_alike_meets_destroys_the_group_then_leaves_before_the_cpp_teardown(fake_group):
     dist.finish(0)
-    assert fake_group.calls == ["barrier", "destroy"]
+    assert fake_group.calls == ["barrier", "destroy", "os._exit(0)"]
+
+
+def test_a_launched_command_without_a_group_leaves_with_its_code_and_starts_none(fake_group, monkeypatch):
+    monkeypatch.setattr(dist, "_active", lambda: False)  # `mrl eval`: rank 0 works alone, no group
+    monkeypatch.setattr(dist, "init", lambda: fake_group.calls.append("init"))
+    with dist.process_group(start=False):
+        pass
+    with pytest.raises(SystemExit), dist.process_group(start=False):
+        raise SystemExit(2)
+    assert fake_group.calls == ["os._exit(0)", "os._exit(2)"]
+
+
+def test_leaving_tears_down_wandb_with_the_code_and_closes_the_log_handlers_first(fake_group, monkeypatch):
+    import logging
+    import types
+
+    class Handler(logging.Handler):
+        def emit(self, record):
+            pass
+
+        def close(self):
+            fake_group.calls.append("log handler closed")
+            super().close()
+
+    wandb = types.SimpleNamespace(teardown=lambda code: fake_group.calls.append(f"wandb.teardown({code})"))
+    monkeypatch.setitem(sys.modules, "wandb", wandb)
+    handler = Handler()
+    logging.getLogger("mrl.test_leave").addHandler(handler)
+    try:
+        dist.leave(3)
+    finally:
+        logging.getLogger("mrl.test_leave").removeHandler(handler)
+    assert fake_group.calls == ["wandb.teardown(3)", "log handler closed", "os._exit(3)"]
 
 
 @pytest.mark.parametrize("code", [1, 2, 143])

@@ -9,7 +9,7 @@ from conftest import compose_config
 from torch import nn
 
 from mrl.precision import Precision
-from mrl.trainable import clear_stale_build_locks, deepspeed_config, param_groups
+from mrl.trainable import clear_stale_build_locks, deepspeed_config, param_groups, skip_shm_comm_op
 
 FP32 = Precision(compute=None, export=torch.float32)
 
@@ -73,3 +73,14 @@ def test_a_build_lock_nobody_holds_is_cleared_and_a_held_one_is_kept(tmp_path):
         assert clear_stale_build_locks(tmp_path, recheck_s=0) == []
     finally:
         os.close(held)
+
+
+def test_deepspeed_communication_starts_without_its_shm_op_and_torch_is_left_alone(monkeypatch):
+    """No op probe (gcc runs) and no op load per rank per start; `deepspeed.comm.torch` the attribute is torch."""
+    import importlib
+
+    comm = importlib.import_module("deepspeed.comm.torch")
+    monkeypatch.setattr(comm, "build_shm_op", comm.build_shm_op)  # put back after the test
+    skip_shm_comm_op()
+    assert comm.build_shm_op() is None
+    assert not hasattr(torch, "build_shm_op")
