@@ -68,6 +68,8 @@ def materialize(checkpoint: Path, model_cfg, out: Path) -> None:
         if set(missing) - tied:
             raise UserError(f"trainer.init_from: {checkpoint} lacks weights {sorted(set(missing) - tied)[:3]}")
     tmp = out.with_name(out.name + ".tmp")
+    if tmp.is_symlink():  # planted to send the weights elsewhere: the link goes, its target is not touched
+        tmp.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(str(tmp), safe_serialization=True)
     for name in (p.name for p in (checkpoint / "policy").iterdir() if "token" in p.name or p.suffix == ".jinja"):
