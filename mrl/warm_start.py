@@ -23,11 +23,10 @@ from mrl import distributed as dist
 from mrl.config import UserError
 from mrl.lora import is_adapter_dir
 from mrl.precision import MASTER
-from mrl.restore import merged_policy, trained_weights
+from mrl.restore import INIT_DIR, merged_policy, trained_weights
 from mrl.rundir import CHECKPOINTS, LINEAGE_FILE, MANIFEST, atomic_write_text, intact_checkpoint, step_of
 from mrl.trainable import DS_TAG, OPTIMIZER_FILE
 
-INIT_DIR = "init_policy"
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
 
 
