@@ -12,7 +12,8 @@ A resume loads policy/ (and critic/), then the optimizer's state, whose masters 
 continues exactly whatever model.dtype is (mrl/precision.py).
   rng.json            Python, NumPy and torch (CPU and CUDA) generator states, as JSON (one per rank).  mrl
                       unpickles nothing: optimizer.pt is read with torch.load(weights_only=True) (tensors and plain
-                      containers only); DeepSpeed reads its own deepspeed/ files with full pickle, so resume those
+                      containers only), and so are deepspeed/'s files for eval, export and init_from
+                      (mrl.restore.deepspeed_weights); a resume's DeepSpeed reads them with full pickle, so resume
                       only from runs you trust (the checksums catch damage, not a forged manifest)
   state.json          step, data position, and the prices (lambda) of the constraints with a budget
   manifest.json       every file's size and sha256, and the run's algorithm, reward set and number of ranks

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mrl.config import UserError
+from mrl.models import BUILTIN_TINY, context_length
 
 ROW_BYTES = 8 << 10  # a rollout, a held-out episode, a demonstration in a batch: at least this much
 RECORD_BYTES = 1 << 10  # a demonstration drawn from a generator task
@@ -57,7 +58,7 @@ def _needs(cfg) -> list[tuple[str, Any, int, str]]:
                       "demonstrations drawn from the task"))
         needs.append(("sft.batch_size", sft.batch_size, int(sft.batch_size) * ROW_BYTES, "demonstrations a step"))
     tiny = cfg.model.get("tiny")
-    if tiny is not None and cfg.model.name_or_path == "builtin:tiny":
+    if tiny is not None and cfg.model.name_or_path == BUILTIN_TINY:
         weights = int(tiny.vocab_size) * int(tiny.hidden_size)
         needs.append(("model.tiny.vocab_size", tiny.vocab_size, weights * PARAMETER_BYTES,
                       f"an embedding of {weights} trained weights"))
@@ -73,8 +74,6 @@ def check(cfg) -> None:
         if need > have:
             raise UserError(f"{key}={value}: {what} need at least {need / 2**30:.1f} GiB, more than the "
                             f"{have / 2**30:.1f} GiB of memory here; lower {key}")
-    from mrl.models import context_length  # start-up time: imports torch, once the plain checks passed
-
     context = context_length(cfg.model) or 1 << 20
     task = OmegaConf.to_container(cfg.rewards.task, resolve=True) if cfg.rewards.get("task") is not None else {}
     for name, value in (task or {}).items():

@@ -38,6 +38,7 @@ def trained_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     return {f"policy.{k}": v for k, v in load_file(checkpoint / "policy" / "model.safetensors").items()}
 
 
+INIT_DIR = "init_policy"  # RUN_DIR/init_policy: the merged model a warm start writes (mrl/warm_start.py)
 # What DeepSpeed's checkpoint files hold besides tensors and containers: plain data classes, rebuilt from their fields.
 DS_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
               "deepspeed.utils.tensor_fragment.fragment_address")
@@ -80,13 +81,16 @@ def adapter_base(checkpoint: Path, cfg: ModelConfig) -> str:
     recorded = resolve_model_path(cfg)
     if not (isinstance(base, str) and Path(base).is_dir()) or Path(base).resolve() == Path(recorded).resolve():
         return recorded
-    warm = warm_start_dir(checkpoint.parent.parent)
+    run_dir = checkpoint.parent.parent
+    warm = warm_start_dir(run_dir)
     if warm is None or Path(base).resolve() != warm.resolve():
         problem = f"is {base}, neither model.name_or_path ({cfg.name_or_path}) nor the run's warm start (lineage.json)"
     elif (warm.parent / MANIFEST).exists():  # a source checkpoint's policy/, used in place
         problem = checkpoint_problem(warm.parent)
-    else:
+    elif warm.resolve() == (run_dir / INIT_DIR).resolve():  # the merged model the warm start wrote
         problem = foreign_files_problem(warm) or weights_problem(warm)
+    else:
+        problem = f"is {base}, which lineage.json names, neither a checkpoint's policy/ nor this run's {INIT_DIR}/"
     if problem:
         raise UserError(f"{policy / 'adapter_config.json'}: the adapters' base {problem}; mrl loads a base only from "
                         "those: use the run's own checkpoint, or set base_model_name_or_path to its model")

@@ -1,6 +1,7 @@
 """sft(cfg): supervised fine-tuning on demonstrations, the warm start RL needs where the base model never succeeds
 (SmolLM2 on BFCL: 0 of 78 held-out records before it, 0.5+ after one epoch).  `mrl sft` runs it; `mrl train
-trainer.init_from=RUN_DIR` starts RL from its checkpoint (mrl/warm_start.py).
+trainer.init_from=RUN_DIR` starts RL from its checkpoint (mrl/warm_start.py), and `mrl sft trainer.init_from=RUN_DIR`
+starts SFT from one the same way, with its lineage.json.
 
 One step: `sft.batch_size` demonstrations (this rank's share), micro-batches of `sft.micro_batch_size`, one optimizer
 step.  The loss is the token mean of -log p over the tokens the policy writes (mrl.demonstrations: its turns and

@@ -23,11 +23,10 @@ from mrl import distributed as dist
 from mrl.config import UserError
 from mrl.lora import is_adapter_dir
 from mrl.precision import MASTER
-from mrl.restore import merged_policy, trained_weights
+from mrl.restore import INIT_DIR, merged_policy, trained_weights
 from mrl.rundir import CHECKPOINTS, LINEAGE_FILE, MANIFEST, atomic_write_text, intact_checkpoint, step_of
 from mrl.trainable import DS_TAG, OPTIMIZER_FILE
 
-INIT_DIR = "init_policy"
 WEIGHT_FILES = ("model.safetensors", "adapter_model.safetensors")
 
 
@@ -68,6 +67,8 @@ def materialize(checkpoint: Path, model_cfg, out: Path) -> None:
         if set(missing) - tied:
             raise UserError(f"trainer.init_from: {checkpoint} lacks weights {sorted(set(missing) - tied)[:3]}")
     tmp = out.with_name(out.name + ".tmp")
+    if tmp.is_symlink():  # planted to send the weights elsewhere: the link goes, its target is not touched
+        tmp.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save_pretrained(str(tmp), safe_serialization=True)
     for name in (p.name for p in (checkpoint / "policy").iterdir() if "token" in p.name or p.suffix == ".jinja"):

@@ -29,7 +29,7 @@ PAYLOADS = {  # name -> (parse, text of n repeats)
 
 def _seconds(parse, text: str) -> float:
     best = float("inf")
-    for _ in range(3):  # the least of three: other jobs on the cores only add time
+    for _ in range(5):  # the least of five: other jobs on the cores only add time
         start = time.perf_counter()
         parse(text)
         best = min(best, time.perf_counter() - start)
@@ -41,7 +41,7 @@ def test_probe4_parsing_is_linear_in_the_turn(name):
     parse, payload = PAYLOADS[name]
     once, twice = _seconds(parse, payload(N)), _seconds(parse, payload(2 * N))
     # Linear: twice the text, about twice the time (quadratic: four times, and 25 s at N for the lazy regex).
-    assert twice < 3 * once + 0.01 and twice < 0.5, (name, once, twice)
+    assert twice < 3 * once + 0.01 and twice < 2.0, (name, once, twice)
 
 
 def test_probe4_split_calls_keeps_its_answers():
