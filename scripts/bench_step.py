@@ -68,7 +68,7 @@ class StepHooks(Hooks):
     def after_step(self, step: int, mean_length: float) -> None:
         wall, cpu = (b - a for a, b in zip(self.started, clocks()))
         report({"step": step, "wall_s": wall, "cpu_s": cpu, "rollout_wall_s": self.rollout[0],
-                "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})
+                "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})  # mrl: its mean_length, generated tokens a rollout
 
 
 def weights(model) -> dict[str, int]:
@@ -107,6 +107,7 @@ def run_mrl_arm(steps: int, hooks: StepHooks) -> None:
                 wall, cpu = (b - a for a, b in zip(start, clocks()))
                 batch = args[3]
                 hooks.counts.update(update_wall_s=wall, update_cpu_s=cpu, unique_tokens=unique_tokens(batch.rollouts),
+                                    mean_length=float(batch.rollouts.completion_mask.sum()) / batch.rows,
                                     scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
                                     **hooks.weights)
         return counted
