@@ -67,8 +67,9 @@ class StepHooks(Hooks):
 
     def after_step(self, step: int, mean_length: float) -> None:
         wall, cpu = (b - a for a, b in zip(self.started, clocks()))
+        # mrl's counts carry its own mean_length (generated tokens a rollout), which wins
         report({"step": step, "wall_s": wall, "cpu_s": cpu, "rollout_wall_s": self.rollout[0],
-                "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})  # mrl: its mean_length, generated tokens a rollout
+                "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})
 
 
 def weights(model) -> dict[str, int]:
