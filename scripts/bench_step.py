@@ -17,8 +17,8 @@ Per arm, medians over the timed steps: rollout and update seconds (wall and CPU;
 `_generate_and_score_completions`), tokens the model computed in each phase (every id its embedding layer read,
 padding included) against the unique tokens (each distinct prompt once, each transcript token once), and the
 update's achieved GFLOP/s: 6 x (decoder weights x tokens computed + output layer x scored tokens) per second, the
-rate of the arithmetic the update did, against the fp32 matmul peak of the same cores and threads, measured
-before and after the steps (a 1024 x 1024 matmul, best of 20).
+rate of the arithmetic the update did per CPU second, against the fp32 matmul peak of the same cores and threads
+per CPU second, measured before and after the steps (a 1024 x 1024 matmul, best of 30).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class StepHooks(Hooks):
 
     def after_step(self, step: int, mean_length: float) -> None:
         wall, cpu = (b - a for a, b in zip(self.started, clocks()))
+        # mrl's counts carry its own mean_length (generated tokens a rollout), which wins
         report({"step": step, "wall_s": wall, "cpu_s": cpu, "rollout_wall_s": self.rollout[0],
                 "rollout_cpu_s": self.rollout[1], "mean_length": mean_length, **self.counts})
 
@@ -107,6 +108,7 @@ def run_mrl_arm(steps: int, hooks: StepHooks) -> None:
                 wall, cpu = (b - a for a, b in zip(start, clocks()))
                 batch = args[3]
                 hooks.counts.update(update_wall_s=wall, update_cpu_s=cpu, unique_tokens=unique_tokens(batch.rollouts),
+                                    mean_length=float(batch.rollouts.completion_mask.sum()) / batch.rows,
                                     scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
                                     **hooks.weights)
         return counted
@@ -179,17 +181,18 @@ def worker(arm: str, steps: int, threads: int) -> None:
     (run_trl_arm if arm == "trl" else run_mrl_arm)(steps, hooks)
 
 
-def matmul_peak(threads: int, n: int = 1024, tries: int = 20) -> float:
-    """fp32 GFLOP/s of an n x n matmul on these cores, the best of `tries`."""
+def matmul_peak(threads: int, n: int = 1024, tries: int = 30) -> float:
+    """fp32 GFLOP/s of an n x n matmul on these cores per CPU second (as the update's rate: load from other jobs
+    stretches the wall clock, not the CPU time), the best of `tries`."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
     best = float("inf")
     for _ in range(tries):
-        start = time.perf_counter()
+        start = time.process_time()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, max(time.process_time() - start, 1e-9))
     return 2 * n ** 3 / best / 1e9
 
 
