@@ -206,6 +206,7 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
               "gdpo": [bfcl_eval(a, f) for a, f in ((0.5, 0.8), (0.6, 0.9), (0.7, 1.0))]}
     monkeypatch.setattr(warm, "mrl", FakeMrl(finals, bfcl_eval(0.35, 0.85)))
     monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)  # plotly's page: tested in test_report_html
+    monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 4)  # the fake runs' mean@4
     paper_bfcl.main()
     out = reports / "paper" / "bfcl"
     summary = (out / "summary.md").read_text()
