@@ -42,6 +42,7 @@ from mrl.validation import validate
 
 EVAL_FILE = "eval.json"
 EVAL_LINES = "eval.jsonl"  # one line per held-out prompt: its greedy transcript, each channel's value, passed
+EVAL_OUTCOMES = "outcomes.jsonl"  # mrl eval's outcome_rows: one line per prompt and episode, as held_out/ keeps them
 HELD_OUT_DIR = "held_out"  # in a run dir: step_<N>.jsonl, each evaluation's outcomes per record and episode
 PASS_VALUE = 1.0  # an episode passes when rewards.pass_channel is at least this (BFCL correctness 1, pass_rate 1)
 
@@ -476,7 +477,8 @@ def new_eval_dir(root: Path) -> Path:
 
 def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: int, samples: int, seed: int,
                     header: dict[str, Any], out: Path) -> dict[str, Any]:
-    """Score `policy` on the held-out prompts of `cfg`'s task and write out/eval.json and out/eval.jsonl."""
+    """Score `policy` on the held-out prompts of `cfg`'s task and write out/eval.json, out/eval.jsonl and
+    out/outcomes.jsonl (every episode's channel values, `outcome_rows`)."""
     task = build_task(cfg)
     prompts = nonempty_held_out(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
@@ -489,6 +491,7 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
     atomic_write_text(out / EVAL_FILE, json.dumps(report, indent=2) + "\n")
     atomic_write_text(out / EVAL_LINES, "".join(json.dumps(r) + "\n" for r in prompt_records(held,
                                                                                             report["pass_channel"])))
+    atomic_write_text(out / EVAL_OUTCOMES, "".join(json.dumps(row) + "\n" for row in outcome_rows(held)))
     return {**report, "out": str(out)}
 
 

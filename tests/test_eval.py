@@ -79,6 +79,8 @@ def test_eval_prints_a_table_and_writes_eval_json(trained_run):
     assert f"json: {trained_run / 'eval.json'}" in out
     lines = (trained_run / "eval.jsonl").read_text().splitlines()
     assert len(lines) == 8 and [json.loads(line)["id"] for line in lines] == list(range(8))
+    outcomes = [json.loads(line) for line in (trained_run / "outcomes.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["sample"]) for r in outcomes] == [(p, s) for p in range(8) for s in ["greedy", 0, 1]]
 
     report = json.loads((trained_run / "eval.json").read_text())
     assert {"greedy", "sampled", "prompts", "checkpoint"} <= set(report)

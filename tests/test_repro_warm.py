@@ -206,6 +206,7 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
               "gdpo": [bfcl_eval(a, f) for a, f in ((0.5, 0.8), (0.6, 0.9), (0.7, 1.0))]}
     monkeypatch.setattr(warm, "mrl", FakeMrl(finals, bfcl_eval(0.35, 0.85)))
     monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)  # plotly's page: tested in test_report_html
+    monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 4)  # the fake runs' mean@4
     paper_bfcl.main()
     out = reports / "paper" / "bfcl"
     summary = (out / "summary.md").read_text()
@@ -247,6 +248,9 @@ def test_agent_writes_start_and_end_per_preset_and_dapo_generations(reports, mon
         out.mkdir()
         (out / "eval.json").write_text(json.dumps({"accuracy": last["eval/correctness/mean"], "greedy": {
             k.split("/")[1]: v for k, v in last.items() if k.startswith("eval/")}}))
+        solved = round(last["eval/correctness/mean"] * 10)  # of 10 entries, the first ones
+        (out / "outcomes.jsonl").write_text("".join(json.dumps({"id": i, "sample": "greedy", "correctness": float(
+            i < solved)}) + "\n" for i in range(10)))
         fake.calls.append(args)
 
     monkeypatch.setattr(warm, "mrl", fake_mrl)
@@ -256,7 +260,10 @@ def test_agent_writes_start_and_end_per_preset_and_dapo_generations(reports, mon
     assert sum(a[0] == "eval" for a in fake.calls) == 21  # every run's final checkpoint scored
     assert "| start (warm start) | 0.050 | 0.050 | -0.500 | -0.100 |" in summary
     assert "| gdpo_dapo | 0.100 ± 0.058 | 0.100 ± 0.058 | -0.500 ± 0.000 | -0.100 ± 0.000 |" in summary
-    assert "| gdpo vs grpo | 0.100 ± 0.058 | 0.100 ± 0.058 | NOT RESOLVED |" in summary
+    # every preset solves the same entries seed for seed: each paired difference is 0, the interval [0, 0]
+    assert "| gdpo vs grpo | 0.100 ± 0.058 | 0.100 ± 0.058 | NOT RESOLVED (0.163) | +0.000 [+0.000, +0.000] | " \
+           "±0.000 (3 seeds x 10 records) | NOT RESOLVED |" in summary
+    assert all("--samples" in a and a[a.index("--samples") + 1] == "0" for a in fake.calls if a[0] == "eval")
     assert "dapo 8.0 (2.00x)" in summary and "grpo 4.0 (1.00x)" in summary
     assert "**Verdict: NOT RESOLVED.**" in summary
     assert (reports / "agent" / "agent.png").exists() and warm_csv(reports / "agent" / "agent.csv")

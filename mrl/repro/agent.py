@@ -24,8 +24,10 @@ import statistics
 import time
 from pathlib import Path
 
+from mrl.evaluate import EVAL_OUTCOMES
 from mrl.repro import warm
-from mrl.repro.common import REPORTS, Run, combined_verdict, markdown_table, two_se_verdict, write_summary
+from mrl.repro.common import REPORTS, Run, combined_verdict, markdown_table, write_summary
+from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdict_cells
 from mrl.rundir import CHECKPOINTS
 
 NAME = "agent"
@@ -58,6 +60,7 @@ SIZES = {
             ["trainer.max_new_tokens=768", "trainer.max_tool_tokens=512"], 40),
 }
 FINAL = "eval_final"  # each run's final checkpoint scored by `mrl eval`, into RUN_DIR/eval_final/
+SAMPLES = {"cpu": 0, "gpu": 8}  # k of the final evaluation's mean@k (0: greedy), the outcomes the pairs are judged on
 
 
 def plan(at: str | None = None) -> warm.Plan:
@@ -73,9 +76,26 @@ def plan(at: str | None = None) -> warm.Plan:
 
 
 def final_args(the_plan: warm.Plan, run_dir: Path) -> list[str]:
-    """`mrl eval` of a run's final checkpoint on the plan's held-out entries, greedy."""
-    return ["eval", str(run_dir), "--prompts", str(the_plan.eval_prompts), "--samples", "0", "--out",
-            str(run_dir / FINAL)]
+    """`mrl eval` of a run's final checkpoint on the plan's held-out entries, greedy and SAMPLES times sampled."""
+    return ["eval", str(run_dir), "--prompts", str(the_plan.eval_prompts), "--samples",
+            str(SAMPLES[warm.scale(SIZES)]), "--out", str(run_dir / FINAL)]
+
+
+def final_outcomes(run_dir: Path) -> list[dict]:
+    """The episodes of a run's final evaluation (`mrl eval`'s outcomes.jsonl): the unit of the paired verdicts."""
+    return [json.loads(line) for line in (run_dir / FINAL / EVAL_OUTCOMES).read_text().splitlines()]
+
+
+def pair_rows(runs: list[Run], table: dict) -> list[list[str]]:
+    """Each pair of PAIRS on held-out correctness (mean@k, or greedy at k = 0), paired by seed and entry, the
+    unpaired 2-SE verdict beside it."""
+    samples, key, rows = SAMPLES[warm.scale(SIZES)], "eval/correctness/mean", []
+    for ours, theirs in PAIRS:
+        paired = paired_verdict(*(arm_outcomes(runs, lambda r: r.config.algo.name, arm, "correctness", samples > 0,
+                                               final_outcomes) for arm in (ours, theirs)))
+        rows.append([f"{ours} vs {theirs}", warm.cell(table[ours][key]), warm.cell(table[theirs][key]),
+                     *verdict_cells(table[ours][key], table[theirs][key], paired)])
+    return rows
 
 
 def final_evals(the_plan: warm.Plan, runs: list[Run]) -> None:
@@ -124,12 +144,8 @@ def main() -> None:
                              [["start (warm start)", *(warm.cell([origin[k]] if origin.get(k) is not None else [])
                                                        for k in keys)]]
                              + [[p, *(warm.cell(table[p][k]) for k in keys)] for p in PRESETS])
-    rows = [[f"{ours} vs {theirs}", warm.cell(table[ours]["eval/correctness/mean"]),
-             warm.cell(table[theirs]["eval/correctness/mean"]),
-             two_se_verdict(table[ours]["eval/correctness/mean"], table[theirs]["eval/correctness/mean"])]
-            for ours, theirs in PAIRS]
-    numbers += "\n\n" + markdown_table(["held-out correctness", "GDPO preset", "summed preset", "verdict (2 SE)"],
-                                       rows)
+    rows = pair_rows(runs, table)
+    numbers += "\n\n" + markdown_table(["held-out correctness", "GDPO preset", "summed preset", *COLUMNS], rows)
     numbers += "\n\nRollouts generated per step (mean over seeds; DAPO's dynamic sampling draws more): " + "; ".join(
         f"{p} {v}" for p, v in generations(runs).items())
     numbers += warm.provenance(runs, recorded["policy_sha256"], thinking)
@@ -143,12 +159,13 @@ def main() -> None:
               + "\n".join(commands) + "\n```\n\n"
               f"Held-out: a fixed split of entry ids (crc32), the first {the_plan.eval_prompts}. Table: the final "
               f"checkpoint's evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own. "
-              "Verdict per pair on held-out correctness: HELD when the GDPO preset leads by more than two standard "
-              "errors of the difference, NOT HELD when it trails by more, NOT RESOLVED within. Interactive curves "
+              "Verdict per pair on held-out correctness (the table: greedy; the pairs: each entry's mean over the "
+              f"final evaluation's {SAMPLES[warm.scale(SIZES)]} samples, or its greedy episode at 0). {RULE} "
+              "Interactive curves "
               f"and every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}).",
         numbers=numbers,
-        verdict="; ".join(f"{r[0]}: {r[3]}" for r in rows) + ".",
-        held=combined_verdict([r[3] for r in rows]),
+        verdict="; ".join(f"{r[0]}: {r[-1]}" for r in rows) + ".",
+        held=combined_verdict([r[-1] for r in rows]),
         cost=f"warm start {'reused (made earlier)' if reused else warm.minutes(recorded['wall_s'])}; the whole "
              f"target {warm.minutes(time.perf_counter() - start)} of wall time.",
     )

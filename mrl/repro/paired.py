@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -131,9 +131,11 @@ def record_outcomes(rows: list[dict[str, Any]], channel: str, sampled: bool) -> 
     return {record: sum(v) / len(v) for record, v in values.items()}
 
 
-def arm_outcomes(runs: list[Any], arm_of, arm: str, channel: str, sampled: bool) -> Outcomes:
-    """{seed: {record: outcome}} of `arm`'s runs (mrl.repro.common.Run) at their last held-out evaluation."""
-    return {run.config.trainer.seed: record_outcomes(last_outcomes(run.path), channel, sampled)
+def arm_outcomes(runs: list[Any], arm_of, arm: str, channel: str, sampled: bool,
+                 rows_of: Callable[[Path], list[dict[str, Any]]] = last_outcomes) -> Outcomes:
+    """{seed: {record: outcome}} of `arm`'s runs (mrl.repro.common.Run) at their last held-out evaluation (or the
+    rows `rows_of(run dir)` gives: repro-agent's `mrl eval` of the final checkpoint)."""
+    return {run.config.trainer.seed: record_outcomes(rows_of(run.path), channel, sampled)
             for run in runs if arm_of(run) == arm}
 
 

@@ -35,16 +35,16 @@ CLAIMS = (("correctness", "held-out accuracy (BFCL's verdict)"), ("format", "for
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
     "cpu": (["model=smollm2_local"], 0,
-            ["sft.steps=16", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
+            ["sft.steps=6", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
-            ["trainer.max_steps=6", "trainer.eval_every=3", "trainer.prompts_per_step=2", "trainer.group_size=6",
+            ["trainer.max_steps=10", "trainer.eval_every=10", "trainer.prompts_per_step=2", "trainer.group_size=6",
              "trainer.micro_batch_size=6", "trainer.lr=1e-5", "trainer.temperature=1.0"]),
     "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
              "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
 }
-SAMPLES = {"cpu": 4, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
+SAMPLES = {"cpu": 2, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
 MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
 
 
@@ -121,7 +121,8 @@ def main() -> None:
               + f", greedy and {samples} times sampled at the training temperature (mean@{samples}). Table: each "
               f"arm's last evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own "
               f"evaluation (every arm's step 0). Claims judged on mean@{samples}. {RULE} Interactive curves and "
-              f"every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}).",
+              f"every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}). Every run of this "
+              "target, kept or not, and the plan each ran: docs/reproductions.md (\"Budgets\").",
         numbers=numbers,
         verdict=f"GDPO vs GRPO, paired: {'; '.join(f'{r[0]} {r[-1]}' for r in rows)}.",
         held=verdict,
