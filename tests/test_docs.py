@@ -217,9 +217,10 @@ def test_a_doc_command_runs(command, tmp_path, monkeypatch):
     new_runs = set(cwd.glob("**/metrics.jsonl")) - before  # a resume into its own dir writes no new one
     jobs = math.prod(a.count(",") + 1 for a in args if "=" in a) if multirun else 1
     assert len(new_runs) == (0 if "hydra.run.dir=outputs/my-run" in command else jobs), out
-    if "--config-dir" in args:  # docs/extending.md says so; and `mrl eval` finds the run's own config
-        assert "reward/no_sevens/mean" in (cwd / "run" / "metrics.jsonl").read_text()
+    if "--config-dir" in args:  # docs/extending.md, coming-from-trl.md say so; `mrl eval` finds the run's config
+        channel = "no_sevens" if "rewards=my_triple" in args else "correct"  # the channel the doc adds
+        assert f"reward/{channel}/mean" in (cwd / "run" / "metrics.jsonl").read_text()
         code, out = run_mrl(["eval", "run", "--prompts", "4", "--samples", "1"], cwd, monkeypatch)
         assert code != 0 and "--trust-config" in out, out  # its _target_ names code outside mrl
         code, out = run_mrl(["eval", "run", "--prompts", "4", "--samples", "1", "--trust-config"], cwd, monkeypatch)
-        assert code == 0 and "no_sevens" in out, out
+        assert code == 0 and channel in out, out

@@ -154,6 +154,14 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def test_mrl_sfts_held_out_prompts_are_the_turns_before_the_answer(tmp_path):
+    path = write_jsonl(tmp_path / "sft.jsonl", [{"prompt": f"{a}+1?", "completion": str(a + 1)} for a in range(4)])
+    task = DatasetTask(str(path), eval_fraction=0.5, conversations=True)
+    held_out = task.eval_prompts()
+    assert len(held_out) == 2 and all(p.messages == [{"role": "user", "content": p.text}] for p in held_out)
+    assert {p.text for p in [*held_out, *task.split.train]} == {"0+1?", "1+1?", "2+1?", "3+1?"}
+
+
 CONVERSATIONAL = [{"prompt": [{"role": "user", "content": f"add {a} {b} ="}], "solution": str((a + b) % 10)}
                   for a in range(3) for b in range(3)]
 
