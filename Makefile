@@ -158,7 +158,7 @@ repro-scale-dominance: $(STAMP) ## GRPO vs GDPO vs hand-weighted GRPO: curves an
 repro-dead-groups: $(STAMP) ## Dead groups under GRPO vs DAPO's trained batches, and DAPO's extra generations (~1 min)
 	$(BIN)/python -m mrl.repro.dead_groups
 
-repro-constraints: $(STAMP) ## Safety as a weight, a veto, or a budget with a learned price (gdpo vs grpo_weighted), the shortcut never needed and needed on 20% (SETTINGS=binding) x 3 seeds (~20 + ~25 min)
+repro-constraints: $(STAMP) ## Safety as a weight, a veto, or a budget with a learned price (gdpo vs grpo), the shortcut never needed and needed on 20% of prompts (SETTINGS=shortcut|binding) x 3 seeds (~20 + ~50 min)
 	$(BIN)/python -m mrl.repro.constraints
 
 repro-memory: $(STAMP) ## Peak memory of one step per preset at equal batch (~2 min)

@@ -85,3 +85,40 @@ def test_the_preset_has_correctness_and_the_safety_constraint_at_p_0_2(make_cfg)
 def test_the_optimum_at_budget_d():
     # p = 0.2, a guess right 1 in 10: C = 0.8 + 0.2 * 0.1 + 0.9 v; the veto's v = 0, all of p at v = 0.2 (and no more)
     assert [optimum(v) for v in (0.0, 0.05, 0.1, 0.2, 0.3)] == pytest.approx([0.82, 0.865, 0.91, 1.0, 1.0])
+
+
+# ------------------------------------------------------------------------------ the repro's verdicts, counted by hand
+
+VETO = {"correctness_last100": [0.80, 0.82, 0.81]}
+
+
+def budget_arm(rates, prices, correct=(0.85, 0.86, 0.86)):
+    return {"budget": [0.05] * 3, "violation_last100": list(rates), "violation_se": [0.005] * 3,
+            "correctness_last100": list(correct), "lambda_mean_last100": list(prices)}
+
+
+def test_a_budget_holds_pays_and_is_priced_or_not_part_by_part():
+    from mrl.repro.constraints_binding import budget_verdicts
+
+    name = "gdpo + budget 0.05 (scalarized advantages)"
+    # within d + 2 SE = 0.06 in every seed; paired gains 0.05, 0.04, 0.05: mean 0.0467, SE 0.0033 -> above 2 SE
+    words, sentences = budget_verdicts({"gdpo + veto": VETO, name: budget_arm((0.04, 0.05, 0.06), (0.7, 0.8, 0.9))},
+                                       "gdpo")
+    assert words == ["HELD", "HELD", "HELD"]
+    assert "paired gain +0.047 ± 0.003 (HELD; the optimum's gain: +0.045)" in sentences[0]
+    # a seed at 0.07 > 0.06; a seed's price at 0; gains 0.05, -0.02, 0.05: mean 0.027, SE 0.023 -> within 2 SE
+    words, _ = budget_verdicts({"gdpo + veto": VETO, name: budget_arm((0.04, 0.07, 0.05), (0.7, 0.0, 0.9),
+                                                                      correct=(0.85, 0.80, 0.86))}, "gdpo")
+    assert words == ["NOT HELD", "NOT RESOLVED", "NOT HELD"]
+
+
+def test_weights_miss_the_budgets_unless_one_lands_within_two_se_of_one():
+    from mrl.repro.constraints_binding import weight_verdict
+
+    over, under = {"violation_last100": [0.19, 0.20, 0.21]}, {"violation_last100": [0.0, 0.0, 0.0]}
+    for arm in (over, under):
+        arm["correctness_last100"] = [0.9] * 3
+    assert weight_verdict({"gdpo, safety weight 0.5": over, "gdpo, safety weight 2": under})[0] == "HELD"
+    # 0.05 +- 0.006: within 2 SE of the budget 0.05
+    landed = {"violation_last100": [0.04, 0.05, 0.06], "correctness_last100": [0.9] * 3}
+    assert weight_verdict({"gdpo, safety weight 0.5": over, "gdpo, safety weight 1": landed})[0] == "NOT HELD"

@@ -10,6 +10,7 @@ import math
 import os
 
 from mrl.report import moving_average
+from mrl.repro import constraints_binding
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
@@ -21,17 +22,6 @@ WEIGHTS = "0.25"
 BUDGET = 0.05
 # Correctness "matches" the veto arm's when the budget arm's mean over seeds is at most this much lower.
 MATCH = 0.02
-
-
-def label(run) -> str:
-    algo, channel = run.config.algo.name, run.config.rewards.channels.safety
-    if channel.enforce == "budget":
-        form = "scalarized advantages" if run.config.algo.advantage == "gdpo" else "scalarized rewards"
-        return f"{algo} + budget {channel.budget:g} ({form})"
-    if channel.enforce is not None:
-        return f"{algo} + veto"
-    weights = run.config.algo.weights or {}
-    return f"{algo}, safety weight {weights.get('safety', channel.weight):g}"
 
 
 def last_rates(run) -> list[float]:
@@ -92,8 +82,6 @@ def main() -> None:
     if "shortcut" in chosen:
         shortcut()
     if "binding" in chosen:
-        from mrl.repro import constraints_binding  # it imports this module's label
-
         constraints_binding.main()
 
 
@@ -114,7 +102,7 @@ def shortcut() -> None:
 
 def report(runs: list, commands: list[str]) -> None:
     """The plot, the CSV and summary.md from the runs of the three multiruns and their commands."""
-    groups = group_runs(runs, label)
+    groups = group_runs(runs, constraints_binding.label)
     plot(groups)
 
     rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]

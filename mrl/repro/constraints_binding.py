@@ -22,18 +22,29 @@ from mrl.repro.common import (
     write_csv,
     write_summary,
 )
-from mrl.repro.constraints import label
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "constraints/binding"
 # 8 arms x 3 seeds x 300 steps, one arm (its 3 seeds in turn) per lane, all lanes at once, one thread per run:
-# ~45 min on 2 cores under load ~20 (where one run's step took ~0.3 s on one thread and ~8 s on torch's default).
+# 54 min on 2 cores under load 20-52 (where one run's step took ~0.3 s on one thread and ~8 s on torch's default).
 STEPS, SEEDS, LAST = 300, "0,1,2", 100
 ALGOS = ("gdpo", "grpo")  # scalarized advantages, scalarized rewards (grpo is grpo_weighted on these two channels)
 WEIGHTS = (0.5, 2.0)  # either side of the indifference price (~0.9-1), on gdpo (a veto is measured on both)
 BUDGETS = (0.05, 0.1)
 P, GUESS = 0.2, 0.1  # the preset's uncomputable share; a guess's chance of being right
 PRICE = (0.9, 1.0)  # where lambda should settle: the price at which a hack on an uncomputable prompt is worth nothing
+
+
+def label(run) -> str:
+    """An arm's name in both settings' reports: its estimator and how safety is enforced."""
+    algo, channel = run.config.algo.name, run.config.rewards.channels.safety
+    if channel.enforce == "budget":
+        form = "scalarized advantages" if run.config.algo.advantage == "gdpo" else "scalarized rewards"
+        return f"{algo} + budget {channel.budget:g} ({form})"
+    if channel.enforce is not None:
+        return f"{algo} + veto"
+    weights = run.config.algo.weights or {}
+    return f"{algo}, safety weight {weights.get('safety', channel.weight):g}"
 
 
 def optimum(violations: float) -> float:
