@@ -281,7 +281,7 @@ def figure_legend(fig, groups: dict[str, list[tuple[Run, str]]], styles: dict, b
     seeds = dict.fromkeys((seed_of(label), styles[label][1]) for members in groups.values() for _, label in members
                           if seed_of(label) is not None and len(members) > 1)
     handles += [Line2D([], [], color="grey", linestyle=MPL_DASHES[dash], label=f"seed {seed}")
-                for seed, dash in seeds]
+                for seed, dash in sorted(seeds, key=lambda seed_dash: int(seed_dash[0]))]
     handles += [Line2D([], [], color="black", linestyle="--", linewidth=1, label=f"budget {b:g}") for b in budgets]
     fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 0.98), fontsize=8, frameon=False)
 
