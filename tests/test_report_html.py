@@ -136,12 +136,17 @@ def chromium() -> str:
     return found
 
 
-def dump_dom(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    """Open `page` in headless Chromium (a fresh profile under tmp_path) and return the run, its DOM as stdout."""
+def headless(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless Chromium (a fresh profile under tmp_path) with `flags`, and return the run."""
     return subprocess.run(
         [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+         *flags, "--virtual-time-budget=10000", page.as_uri()],
         capture_output=True, text=True, timeout=180)
+
+
+def dump_dom(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless Chromium and return the run, its DOM as stdout."""
+    return headless(page, tmp_path, *flags, "--dump-dom")
 
 
 def test_the_page_renders_a_plot_per_panel_in_headless_chromium(sweep, tmp_path):
@@ -204,3 +209,68 @@ def test_offline_the_cdn_page_says_so_and_still_shows_its_tables(sweep, tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert '<p id="no-plotly">' in dom and 'class="main-svg"' not in dom  # the note shown, no plot drawn
     assert dom.count("<table>") == 4 and "<td>gdpo/seed0</td>" in dom
+
+
+# ---- the page as a person sees it: 2 algos x 2 seeds, 3 channels, the diagnostics and held-out, at 1000 and 1400 px
+
+CHANNELS = ["correctness", "efficiency", "safety"]
+DIAGNOSTIC_KEYS = ["adv/share/correctness", "adv/share/efficiency", "adv/share/safety", "groups/dead_frac",
+                   "constraint/safety/violation_frac", "clip_frac", "entropy"]
+WIDE_TITLES = ([f"train: {c}" for c in [*CHANNELS, "total"]] + DIAGNOSTIC_KEYS
+               + [f"held-out: {c}" for c in CHANNELS] + ["held-out: accuracy"])
+
+
+@pytest.fixture
+def wide_sweep(tmp_path: Path) -> Path:
+    """grpo and gdpo, seeds 0 and 1, 20 steps of every default panel's key, held-out every 5 steps."""
+    root = tmp_path / "wide"
+    for job, (algo, seed) in enumerate([("grpo", 0), ("grpo", 1), ("gdpo", 0), ("gdpo", 1)]):
+        run = root / f"{job}_{algo}_seed{seed}"
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "config.yaml").write_text(f"algo: {{name: {algo}}}\ntrainer: {{seed: {seed}}}\n")
+        lines = []
+        for step in range(21):
+            record = {"step": step} | ({f"eval/{c}/mean": step / 20 for c in CHANNELS} | {"eval/accuracy": 0.5}
+                                       if step % 5 == 0 else {})
+            if step:
+                record |= {f"reward/{c}/mean": (step + seed) / 20 for c in [*CHANNELS, "total"]}
+                record |= {k: 0.1 * (job + 1) for k in DIAGNOSTIC_KEYS}
+            lines.append(json.dumps(record) + "\n")
+        (run / METRICS_FILE).write_text("".join(lines))
+    return root
+
+
+# Writes into the page, once plotly has drawn: whether it scrolls sideways, the panels drawn, and the boxes of the
+# legend, the toolbar, the menu and the panels, for --dump-dom.
+LAYOUT = """<script>
+setTimeout(function () {
+  var box = function (el) { var r = el.getBoundingClientRect(); return [r.left, r.right]; };
+  var out = document.createElement('pre');
+  out.id = 'layout';
+  out.textContent = JSON.stringify({
+    scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth,
+    titles: Array.from(document.querySelectorAll('.annotation-text')).map(function (t) { return t.textContent; }),
+    panels: Array.from(document.querySelectorAll('.draglayer .nsewdrag')).map(box),
+    legend: box(document.querySelector('.legend')), modebar: box(document.querySelector('.modebar')),
+    menu: box(document.querySelector('.updatemenu-container'))});
+  document.body.appendChild(out);
+}, 1500);
+</script></body>"""
+
+
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_at_1000_and_1400_px_the_page_fits_without_a_sideways_scroll_and_shows_every_panel(wide_sweep, tmp_path,
+                                                                                          width):
+    write_html_report(find_runs([wide_sweep]), wide_sweep / "report.html")
+    probe = wide_sweep / "layout.html"
+    probe.write_text((wide_sweep / "report.html").read_text().replace("</body>", LAYOUT))
+    dom = dump_dom(probe, tmp_path, f"--window-size={width},900").stdout
+    seen = json.loads(re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert seen["client"] >= width - 20 and seen["scroll"] <= seen["client"]  # no horizontal scrollbar
+    assert seen["titles"] == WIDE_TITLES and len(seen["panels"]) == len(WIDE_TITLES)  # every panel, drawn
+    right_of_panels = max(right for _, right in seen["panels"])
+    assert right_of_panels <= seen["legend"][0] < seen["legend"][1] <= seen["client"]  # the legend outside, whole
+    assert seen["modebar"][1] <= seen["client"] and seen["menu"][1] <= seen["client"]
+    shot = tmp_path / f"report-{width}.png"
+    done = headless(wide_sweep / "report.html", tmp_path, f"--window-size={width},2400", f"--screenshot={shot}")
+    assert done.returncode == 0 and int.from_bytes(shot.read_bytes()[16:20], "big") == width  # PNG's IHDR width
