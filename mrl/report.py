@@ -159,7 +159,7 @@ def fit_window(asked: int, runs: list[Run]) -> tuple[int, str]:
     shortest = min(run.length() for run in runs)
     used = max(1, min(asked, shortest // 2))
     said = f"{used} step{'s' * (used > 1)}"
-    return used, said if used == asked else f"{said} ({asked} asked; shrunk to half the shortest run, {shortest} steps)"
+    return used, said if used == asked else f"{said}, shrunk from {asked} to half the shortest run ({shortest} steps)"
 
 
 def train_panels(runs: list[Run]) -> list[str]:
@@ -376,11 +376,11 @@ def make_report(paths: list[Path], out: Path | None = None, last: int = 10, smoo
 
 
 FINAL_CAPTION = "Final per-channel means over the last {last}"
-TRAINER_CAPTION = "Per trainer: the final means over the last {last}, mean ± standard error over seeds"
+TRAINER_CAPTION = "Per trainer: mean ± standard error over seeds, over the last {last}"
 HELD_OUT_CAPTION = "Held-out at the last evaluation (greedy means; accuracy and pass@k where the task passes or fails)"
-HELD_OUT_TRAINER_CAPTION = "Per trainer: held-out at the last evaluation, mean ± standard error over seeds"
-VERDICT_CAPTION = ("Pairs of trainers: first minus second, over the seeds both ran (final means, last {last}; "
-                   "held-out at the last evaluation); {rule}")
+HELD_OUT_TRAINER_CAPTION = "Per trainer: held-out, mean ± standard error over seeds"
+VERDICT_CAPTION = ("Pairs of trainers: first minus second, over the seeds both ran; final means over the last {last}, "
+                   "held-out at the last evaluation; {rule}")
 TWO_SE_RULE = ("HELD where the difference exceeds two standard errors of it (sqrt(se1² + se2²)), NOT HELD below "
                "minus two, NOT RESOLVED within")
 
@@ -515,10 +515,11 @@ PAGE = """<!DOCTYPE html>
 body {{ font-family: system-ui, sans-serif; margin: 1.5em auto; padding: 0 1.5em; max-width: 1800px; color: #222; }}
 #curves {{ width: 100%; }}
 .tables {{ display: flex; flex-wrap: wrap; gap: 0 2.5em; align-items: flex-start; }}
-.table {{ width: min-content; max-width: 100%; overflow-x: auto; }}
+.table {{ max-width: 100%; overflow-x: auto; }}
 table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; white-space: nowrap; }}
-th:first-child, td:first-child {{ text-align: left; }}
+caption {{ caption-side: top; text-align: left; font-weight: bold; font-size: 1.15em; margin: 0.6em 0 0.5em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; white-space: nowrap; }}
 th {{ background: #f3f3f3; }}
 h2 {{ font-size: 1.1em; }}
 li small {{ overflow-wrap: anywhere; }}
@@ -701,12 +702,14 @@ def algo_menu(fig) -> list[dict]:
 
 
 def html_table(caption: str, header: list[str], rows: list[list[str]]) -> str:
-    """A captioned table in a box that scrolls sideways on its own when it is wider than the page."""
+    """A table, its caption as wide as it, in a box that scrolls sideways on its own where the cells cannot wrap
+    into the page's width."""
     from html import escape
 
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "\n".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<div class="table"><h2>{escape(caption)}</h2>\n<table>\n<tr>{head}</tr>\n{body}\n</table></div>'
+    return (f'<div class="table"><table>\n<caption>{escape(caption)}</caption>\n<tr>{head}</tr>\n{body}\n'
+            "</table></div>")
 
 
 def html_tables(tables: list[tuple[str, tuple[list[str], list[list[str]]]]]) -> str:

@@ -72,9 +72,9 @@ def test_a_verdict_per_pair_of_trainers_with_two_seeds_on_the_seeds_both_ran_in_
 
 def test_the_windows_shrink_to_half_the_shortest_run_and_say_so():
     short = [run("x", 0, [0.0] * 15), run("x", 1, [0.0] * 40)]
-    assert fit_window(10, short) == (7, "7 steps (10 asked; shrunk to half the shortest run, 15 steps)")
+    assert fit_window(10, short) == (7, "7 steps, shrunk from 10 to half the shortest run (15 steps)")
     assert fit_window(10, [run("x", 0, [0.0] * 400)]) == (10, "10 steps")
-    assert fit_window(10, [run("x", 0, [0.0])]) == (1, "1 step (10 asked; shrunk to half the shortest run, 1 steps)")
+    assert fit_window(10, [run("x", 0, [0.0])]) == (1, "1 step, shrunk from 10 to half the shortest run (1 steps)")
 
 
 DIAGNOSED = {"adv/share/correctness": 0.7, "adv/share/safety": 0.3, "groups/dead_frac": 0.25, "clip_frac": 0.1,
@@ -144,5 +144,5 @@ def test_report_png_a_colour_per_algo_a_dash_per_seed_the_band_and_the_legend_ou
     right_of_panels = max(ax.get_window_extent().x1 for ax in axes)
     assert legend.get_window_extent().x0 >= right_of_panels  # outside the panels: covers no curve
     # 3-step runs: the last 2 steps shrink to 1, x's 1.0 and 1.0 against y's 0.2 and 0.4: 0.7 > 2 x 0.1
-    assert "Per trainer: the final means over the last 1 step (2 asked; shrunk to half the shortest run, 3 steps)" \
-        in table and "| x vs y | +0.700 HELD | +0.700 HELD |" in table
+    assert "Per trainer: mean ± standard error over seeds, over the last 1 step, shrunk from 2 to half the shortest " \
+        "run (3 steps)" in table and "| x vs y | +0.700 HELD | +0.700 HELD |" in table
