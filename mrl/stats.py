@@ -11,8 +11,8 @@ HELD, NOT_HELD, NOT_RESOLVED = "HELD", "NOT HELD", "NOT RESOLVED"
 def mean_se(values: list[float]) -> tuple[float, float]:
     """(mean, standard error of the mean) over seeds; the error is NaN below two values (nothing to resolve with).
 
-    >>> mean_se([0.2, 0.4, 0.6])
-    (0.4, 0.11547005383792516)
+    >>> mean_se([0.0, 2.0])  # variance (1 + 1) / 1 = 2, SE = sqrt(2 / 2)
+    (1.0, 1.0)
     """
     mean = sum(values) / len(values) if values else math.nan
     if len(values) < 2:

@@ -146,3 +146,11 @@ def test_report_png_a_colour_per_algo_a_dash_per_seed_the_band_and_the_legend_ou
     # 3-step runs: the last 2 steps shrink to 1, x's 1.0 and 1.0 against y's 0.2 and 0.4: 0.7 > 2 x 0.1
     assert "Per trainer: mean ± standard error over seeds, over the last 1 step, shrunk from 2 to half the shortest " \
         "run (3 steps)" in table and "| x vs y | +0.700 HELD | +0.700 HELD |" in table
+
+
+def test_the_examples_in_mrl_stats_hold():
+    import doctest
+
+    import mrl.stats
+
+    assert doctest.testmod(mrl.stats).failed == 0
