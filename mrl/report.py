@@ -379,8 +379,8 @@ FINAL_CAPTION = "Final per-channel means over the last {last}"
 TRAINER_CAPTION = "Per trainer: mean ± standard error over seeds, over the last {last}"
 HELD_OUT_CAPTION = "Held-out at the last evaluation (greedy means; accuracy and pass@k where the task passes or fails)"
 HELD_OUT_TRAINER_CAPTION = "Per trainer: held-out, mean ± standard error over seeds"
-VERDICT_CAPTION = ("Pairs of trainers: first minus second, over the seeds both ran; final means over the last {last}, "
-                   "held-out at the last evaluation; {rule}")
+VERDICT_CAPTION = ("Pairs of trainers: first minus second, over the seeds both ran; final means over the last {last}"
+                   "{held_out}; {rule}")
 TWO_SE_RULE = ("HELD where the difference exceeds two standard errors of it (sqrt(se1² + se2²)), NOT HELD below "
                "minus two, NOT RESOLVED within")
 
@@ -498,7 +498,9 @@ def report_tables(runs: list[Run], plan: Plan) -> list[tuple[str, tuple[list[str
             tables.append((HELD_OUT_TRAINER_CAPTION, trainer_rows(groups, held)))
     header, rows = verdict_rows(groups, final + held)
     if rows:
-        tables.append((VERDICT_CAPTION.format(last=plan.last_said, rule=TWO_SE_RULE), (header, rows)))
+        held_out = ", held-out at the last evaluation" if plan.held_out else ""
+        caption = VERDICT_CAPTION.format(last=plan.last_said, held_out=held_out, rule=TWO_SE_RULE)
+        tables.append((caption, (header, rows)))
     return tables
 
 
