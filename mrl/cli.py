@@ -147,9 +147,12 @@ def report(
                                        "the table, the page and its data go beside it."),
     last: int = typer.Option(10, help="Final means are taken over this many last steps."),
     smooth: int = typer.Option(10, help="Moving-average window of the plotted curves (1: raw)."),
+    panels: Optional[str] = typer.Option(None, help="Metric keys to draw a panel each for, comma-separated, * as a "
+                                         "wildcard (loss/policy,adv/share/*); default: the diagnostics logged."),
 ) -> None:
-    """Plot per-channel reward curves (a panel per channel, a line per run) and print a table of final means; write
-    the same as an interactive page (report.html) with a CSV per run of every metric."""
+    """Plot per-channel reward curves (a panel per channel; per algo its mean over seeds with a band, its runs
+    faint) and the diagnostics, and print tables of final means per run and per algo; write the same as an
+    interactive page (report.html) with a CSV per run of every metric."""
     from mrl.config import UserError
     from mrl.report import ReportError, make_report  # start-up time: `mrl --help` imports none of it
 
@@ -158,7 +161,8 @@ def report(
             exit_with_error(f"{flag} {value}: give a number of steps of at least 1 ({flag} {default} by default; "
                             "--smooth 1 plots the raw curve)")
     try:
-        png, table = make_report(run_dirs, out, last, smooth)
+        chosen = None if panels is None else [key.strip() for key in panels.split(",") if key.strip()]
+        png, table = make_report(run_dirs, out, last, smooth, chosen)
     except (ReportError, UserError) as err:  # UserError: a symlink where the report writes
         exit_with_error(str(err))
     print(table)

@@ -61,7 +61,7 @@ def test_the_page_is_self_contained_and_links_a_csv_of_every_metric_per_run(swee
     assert png == sweep / "report.png" and png.exists()
     assert re.search(r"<script[^>]*\bsrc=", page) is None  # plotly.js inline: it opens offline
     assert len(page) > 1_000_000 and "Plotly.newPlot" in page
-    assert page.count("<table>") == 2 and "<td>grpo/seed1</td>" in page
+    assert page.count("<table>") == 4 and "<td>grpo/seed1</td>" in page  # per run and per trainer, twice
     assert links(page) == ["report_data/grpo_seed0.csv", "report_data/grpo_seed1.csv", "report_data/gdpo_seed0.csv"]
     with (html.parent / links(page)[1]).open(newline="") as file:
         rows = list(csv.DictReader(file))
@@ -74,24 +74,27 @@ def test_the_page_is_self_contained_and_links_a_csv_of_every_metric_per_run(swee
                        "loss/policy": "0.25"}  # seed 1: a = 3/2 + 1
 
 
-def test_a_curve_per_run_and_panel_coloured_by_algo_and_toggled_by_run(sweep):
+def test_a_mean_per_trainer_with_its_band_and_a_curve_per_run_coloured_by_algo_and_dashed_by_seed(sweep):
     runs = find_runs([sweep])
     held_out = [("held-out: a", ["eval/a/mean"]), ("held-out: b", ["eval/b/mean"]),
                 ("held-out: accuracy", ["eval/accuracy"])]
     fig = report_figure(runs, LABELS, ["a", "b", "total"], held_out, smooth=2)
     assert [a.text for a in fig.layout.annotations] == TITLES
-    assert [t.name for t in fig.data if t.showlegend] == LABELS  # one legend entry per run ...
-    assert all(t.legendgroup == t.name for t in fig.data)  # ... which hides or shows the run in every panel
-    smoothed = [t for t in fig.data if t.name == "grpo/seed1" and "reward/a/mean" in (t.hovertemplate or "")]
-    assert len(smoothed) == 1
-    assert list(smoothed[0].y) == [1.5, 1.75, 2.25, 2.75, 3.25, 3.75]  # a = 1.5, 2, ..., 4 averaged over 2 steps
-    assert list(smoothed[0].customdata) == [1.5, 2.0, 2.5, 3.0, 3.5, 4.0]  # the raw value, shown on hover
-    assert all(part in smoothed[0].hovertemplate for part in ("grpo/seed1", "step %{x}", "raw"))
+    assert [t.name for t in fig.data if t.showlegend] == ["grpo mean ± SE", *LABELS]  # gdpo ran one seed: no mean
+    on_a = [t for t in fig.data if "reward/a/mean" in (t.hovertemplate or "") or t.hoverinfo == "skip"][:5]
+    upper, lower, mean, seed0, seed1 = on_a  # grpo's band edges, its mean, its runs
+    # a = s/2 + seed, averaged over 2 steps: seed 0 0.5, 0.75, 1.25, ..., 2.75; seed 1 the same + 1
+    assert list(seed1.y) == [1.5, 1.75, 2.25, 2.75, 3.25, 3.75] and list(seed1.customdata) == [1.5, 2, 2.5, 3, 3.5, 4]
+    assert list(mean.y) == [1.0, 1.25, 1.75, 2.25, 2.75, 3.25]  # the mean of the two smoothed curves
+    assert [se for se, _ in mean.customdata] == [0.5] * 6  # two seeds 1 apart: SE = 1 / 2
+    assert list(upper.y) == list(seed1.y) and list(lower.y) == list(seed0.y) and lower.fill == "tonexty"
+    assert all(part in seed1.hovertemplate for part in ("grpo/seed1", "step %{x}", "raw"))
+    assert seed0.opacity < 1 == mean.opacity or mean.opacity is None  # the runs faint under the mean
     held = [t for t in fig.data if t.name == "gdpo/seed0" and "eval/accuracy" in (t.hovertemplate or "")]
     assert list(held[0].x) == [0, 3, 6] and list(held[0].y) == [0.0, 0.25, 0.5]  # unsmoothed
     style = {t.name: (t.line.color, t.line.dash) for t in fig.data if t.showlegend}
-    assert style["grpo/seed0"][0] == style["grpo/seed1"][0] != style["gdpo/seed0"][0]  # a colour per algo
-    assert style["grpo/seed0"][1] != style["grpo/seed1"][1]  # a dash per seed
+    assert style["grpo mean ± SE"][0] == style["grpo/seed0"][0] == style["grpo/seed1"][0] != style["gdpo/seed0"][0]
+    assert style["grpo/seed0"][1] == style["gdpo/seed0"][1] != style["grpo/seed1"][1]  # a dash per seed
     menu = fig.layout.updatemenus[0].buttons
     assert [b.label for b in menu] == ["all runs", "grpo only", "gdpo only"]
     shown = menu[2].args[0]["visible"]
@@ -115,7 +118,7 @@ def test_a_page_that_loads_plotly_from_the_cdn_holds_only_our_content(sweep, tmp
     page = write_html_report(runs, tmp_path / "report.html", cdn_fallback=FALLBACK).read_text()
     assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', page) == [
         re.search(r"https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js", page).group()]
-    assert len(page) < 30_000 < 1_000_000 < len(inline)  # plotly.js is the 4.5 MB; the curves' data a few KB
+    assert len(page) < 40_000 < 1_000_000 < len(inline)  # plotly.js is the 4.5 MB; the curves and bands a few KB
     newplot = re.compile(r"Plotly\.newPlot\(.*?\)\s*};", re.S)
     assert newplot.findall(page) == newplot.findall(inline[inline.index('<div id="curves"'):])  # the same figure
     assert '<p id="no-plotly" hidden>' in page and "report_offline.html embeds plotly.js &amp; opens offline." in page
@@ -133,12 +136,17 @@ def chromium() -> str:
     return found
 
 
-def dump_dom(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    """Open `page` in headless Chromium (a fresh profile under tmp_path) and return the run, its DOM as stdout."""
+def headless(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless Chromium (a fresh profile under tmp_path) with `flags`, and return the run."""
     return subprocess.run(
         [chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
-         *flags, "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+         *flags, "--virtual-time-budget=10000", page.as_uri()],
         capture_output=True, text=True, timeout=180)
+
+
+def dump_dom(page: Path, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Open `page` in headless Chromium and return the run, its DOM as stdout."""
+    return headless(page, tmp_path, *flags, "--dump-dom")
 
 
 def test_the_page_renders_a_plot_per_panel_in_headless_chromium(sweep, tmp_path):
@@ -152,18 +160,19 @@ def test_the_page_renders_a_plot_per_panel_in_headless_chromium(sweep, tmp_path)
     assert dom.count('class="main-svg"') >= 1  # plotly draws its svg only when the plot rendered
     assert len(re.findall(r'<g class="subplot x\d*y\d*"', dom)) == len(TITLES)
     assert re.findall(r'class="annotation-text"[^>]*data-unformatted="([^"]+)"', dom) == TITLES
-    assert re.findall(r'class="legendtext"[^>]*data-unformatted="([^"]+)"', dom) == LABELS
-    assert dom.count("<table>") == 2 and "<td>gdpo/seed0</td>" in dom
+    assert re.findall(r'class="legendtext"[^>]*data-unformatted="([^"]+)"', dom) == ["grpo mean ± SE", *LABELS]
+    assert dom.count("<table>") == 4 and "<td>gdpo/seed0</td>" in dom
     hrefs = links(dom)
     assert len(hrefs) == len(RUNS) and all((html.parent / h).is_file() for h in hrefs)
 
 
-# Clicks gdpo/seed0's legend entry as a user would (plotly listens for mousedown/mouseup), then hovers grpo/seed1's
-# smoothed `a` curve at step 4; writes what plotly then holds and shows into the page for --dump-dom.
+# Clicks gdpo/seed0's legend entry (the 4th, after grpo's mean and seeds) as a user would (plotly listens for
+# mousedown/mouseup), then hovers grpo/seed1's smoothed `a` curve at step 4; writes what plotly then holds and shows
+# into the page for --dump-dom.
 INTERACT = """<script>
 setTimeout(function () {
   var gd = document.getElementById('curves');
-  var entry = document.querySelectorAll('.legend .traces .legendtoggle')[2];
+  var entry = document.querySelectorAll('.legend .traces .legendtoggle')[3];
   ['mousedown', 'mouseup'].forEach(function (type) { entry.dispatchEvent(new MouseEvent(type, {bubbles: true})); });
   setTimeout(function () {
     var curve = gd.data.findIndex(function (d) {
@@ -187,8 +196,8 @@ def test_a_legend_click_hides_a_run_in_every_panel_and_hover_names_step_run_and_
     dom = dump_dom(probe, tmp_path).stdout
     state = json.loads(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
     hidden = {name for name, visible in state["visible"] if visible == "legendonly"}
-    assert hidden == {"gdpo/seed0"}  # all its 2 x 3 training and 3 held-out traces, and only those
-    assert sum(name == "gdpo/seed0" for name, _ in state["visible"]) == 9
+    assert hidden == {"gdpo/seed0"}  # all its 3 training and 3 held-out traces, and only those
+    assert sum(name == "gdpo/seed0" for name, _ in state["visible"]) == 6
     assert state["hover"] == ["grpo/seed1step 4reward/a/mean: 2.75 (mean of 2)raw: 3"]  # a = 4/2 + 1; (2.5 + 3) / 2
 
 
@@ -199,4 +208,69 @@ def test_offline_the_cdn_page_says_so_and_still_shows_its_tables(sweep, tmp_path
     dom = done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     assert '<p id="no-plotly">' in dom and 'class="main-svg"' not in dom  # the note shown, no plot drawn
-    assert dom.count("<table>") == 2 and "<td>gdpo/seed0</td>" in dom
+    assert dom.count("<table>") == 4 and "<td>gdpo/seed0</td>" in dom
+
+
+# ---- the page as a person sees it: 2 algos x 2 seeds, 3 channels, the diagnostics and held-out, at 1000 and 1400 px
+
+CHANNELS = ["correctness", "efficiency", "safety"]
+DIAGNOSTIC_KEYS = ["adv/share/correctness", "adv/share/efficiency", "adv/share/safety", "groups/dead_frac",
+                   "constraint/safety/violation_frac", "clip_frac", "entropy"]
+WIDE_TITLES = ([f"train: {c}" for c in [*CHANNELS, "total"]] + DIAGNOSTIC_KEYS
+               + [f"held-out: {c}" for c in CHANNELS] + ["held-out: accuracy"])
+
+
+@pytest.fixture
+def wide_sweep(tmp_path: Path) -> Path:
+    """grpo and gdpo, seeds 0 and 1, 20 steps of every default panel's key, held-out every 5 steps."""
+    root = tmp_path / "wide"
+    for job, (algo, seed) in enumerate([("grpo", 0), ("grpo", 1), ("gdpo", 0), ("gdpo", 1)]):
+        run = root / f"{job}_{algo}_seed{seed}"
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "config.yaml").write_text(f"algo: {{name: {algo}}}\ntrainer: {{seed: {seed}}}\n")
+        lines = []
+        for step in range(21):
+            record = {"step": step} | ({f"eval/{c}/mean": step / 20 for c in CHANNELS} | {"eval/accuracy": 0.5}
+                                       if step % 5 == 0 else {})
+            if step:
+                record |= {f"reward/{c}/mean": (step + seed) / 20 for c in [*CHANNELS, "total"]}
+                record |= {k: 0.1 * (job + 1) for k in DIAGNOSTIC_KEYS}
+            lines.append(json.dumps(record) + "\n")
+        (run / METRICS_FILE).write_text("".join(lines))
+    return root
+
+
+# Writes into the page, once plotly has drawn: whether it scrolls sideways, the panels drawn, and the boxes of the
+# legend, the toolbar, the menu and the panels, for --dump-dom.
+LAYOUT = """<script>
+setTimeout(function () {
+  var box = function (el) { var r = el.getBoundingClientRect(); return [r.left, r.right]; };
+  var out = document.createElement('pre');
+  out.id = 'layout';
+  out.textContent = JSON.stringify({
+    scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth,
+    titles: Array.from(document.querySelectorAll('.annotation-text')).map(function (t) { return t.textContent; }),
+    panels: Array.from(document.querySelectorAll('.draglayer .nsewdrag')).map(box),
+    legend: box(document.querySelector('.legend')), modebar: box(document.querySelector('.modebar')),
+    menu: box(document.querySelector('.updatemenu-container'))});
+  document.body.appendChild(out);
+}, 1500);
+</script></body>"""
+
+
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_at_1000_and_1400_px_the_page_fits_without_a_sideways_scroll_and_shows_every_panel(wide_sweep, tmp_path,
+                                                                                          width):
+    write_html_report(find_runs([wide_sweep]), wide_sweep / "report.html")
+    probe = wide_sweep / "layout.html"
+    probe.write_text((wide_sweep / "report.html").read_text().replace("</body>", LAYOUT))
+    dom = dump_dom(probe, tmp_path, f"--window-size={width},900").stdout
+    seen = json.loads(re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert seen["client"] >= width - 20 and seen["scroll"] <= seen["client"]  # no horizontal scrollbar
+    assert seen["titles"] == WIDE_TITLES and len(seen["panels"]) == len(WIDE_TITLES)  # every panel, drawn
+    right_of_panels = max(right for _, right in seen["panels"])
+    assert right_of_panels <= seen["legend"][0] < seen["legend"][1] <= seen["client"]  # the legend outside, whole
+    assert seen["modebar"][1] <= seen["client"] and seen["menu"][1] <= seen["client"]
+    shot = tmp_path / f"report-{width}.png"
+    done = headless(wide_sweep / "report.html", tmp_path, f"--window-size={width},2400", f"--screenshot={shot}")
+    assert done.returncode == 0 and int.from_bytes(shot.read_bytes()[16:20], "big") == width  # PNG's IHDR width

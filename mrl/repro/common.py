@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import math
 import os
 import re
 import shlex
@@ -17,6 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mrl.stats import HELD, NOT_HELD, NOT_RESOLVED, mean_se, two_se_verdict  # noqa: F401 (the repros' names)
 from mrl.tracking import METRICS_FILE, read_metrics
 
 REPORTS = Path("reports")
@@ -96,37 +96,6 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-
-
-HELD, NOT_HELD, NOT_RESOLVED = "HELD", "NOT HELD", "NOT RESOLVED"
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    """(mean, standard error of the mean) over seeds; the error is NaN below two values (nothing to resolve with).
-
-    >>> mean_se([0.2, 0.4, 0.6])
-    (0.4, 0.11547005383792516)
-    """
-    mean = sum(values) / len(values) if values else math.nan
-    if len(values) < 2:
-        return mean, math.nan
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return mean, math.sqrt(variance / len(values))
-
-
-def two_se_verdict(ours: list[float], theirs: list[float]) -> str:
-    """The claim "ours above theirs", judged on the difference of the means against two standard errors of that
-    difference (sqrt(se_ours^2 + se_theirs^2), the arms' seeds independent): HELD above +2 SE, NOT HELD below -2 SE,
-    NOT RESOLVED within (the boundary included) or when either arm has fewer than two seeds.
-
-    >>> two_se_verdict([0.5, 0.6, 0.7], [0.1, 0.2, 0.3]), two_se_verdict([0.1, 0.2], [0.2, 0.3])
-    ('HELD', 'NOT RESOLVED')
-    """
-    (a, se_a), (b, se_b) = mean_se(ours), mean_se(theirs)
-    se = math.sqrt(se_a ** 2 + se_b ** 2)
-    if math.isnan(se) or abs(a - b) <= 2 * se:
-        return NOT_RESOLVED
-    return HELD if a > b else NOT_HELD
 
 
 def combined_verdict(parts: list[str]) -> str:
