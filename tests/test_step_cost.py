@@ -150,3 +150,19 @@ def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(mon
         dropped = draw(lambda m, r, s: native_decode(m, r, s, draw=inverse_cdf), model, sampling, cached=5)
         assert torch.equal(dropped, kept)
         assert (kept[:, -1] == PAD).sum() >= 3 and sum(rows_computed) < everything
+
+
+def test_bench_step_times_the_steps_of_make_train_bfcl():
+    """scripts/bench_step.py's step is `make train-bfcl`'s RL step: the Makefile's TRAIN_BFCL settings that shape
+    the step (model, task, algorithm, prompts, group, budget, micro-batch, lr, temperature) are its own."""
+    from conftest import makefile_overrides
+    from test_bench import load
+
+    bench_step = load("bench_step")
+    shaping = ("model=", "rewards=", "algo=", "trainer.prompts_per_step=", "trainer.group_size=",
+               "trainer.max_new_tokens=", "trainer.micro_batch_size=", "trainer.lr=", "trainer.temperature=")
+    make = {o for o in makefile_overrides("TRAIN_BFCL") if o.startswith(shaping)}
+    assert len(make) == len(shaping) and make <= set(bench_step.TRAIN_BFCL)
+    cfg = bench_step.bfcl_config(2)
+    assert (cfg.trainer.prompts_per_step, cfg.trainer.group_size, cfg.trainer.max_new_tokens,
+            cfg.trainer.micro_batch_size, cfg.trainer.eval_every) == (4, 6, 64, 12, 0)
