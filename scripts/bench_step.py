@@ -2,10 +2,11 @@
 
     python scripts/bench_step.py [--base /tmp/base45] [--steps 3] [--threads 1] [--arms mrl,base,trl]
 
-The step is `make train-bfcl`'s RL setting: SmolLM2-135M-Instruct, BFCL simple_python's train prompts with their
-own functions as tools (chat template), GDPO, 4 prompts x 6 rollouts, 64 new tokens, micro-batches of 12, fp32 on
-a CPU.  It starts from the instruct model itself, not from the 15-step SFT start `make train-bfcl` trains first
-(none is kept: building one costs ~6 minutes), so fewer of its rollouts end before the 64-token limit.
+The step is issue 45's (`make train-bfcl`'s RL setting as of 8b63511): SmolLM2-135M-Instruct, BFCL
+simple_python's train prompts with their own functions as tools (chat template), GDPO, 4 prompts x 6 rollouts,
+64 new tokens, micro-batches of 12, fp32 on a CPU.  It starts from the instruct model itself, not from the
+15-step SFT start `make train-bfcl` trained first (none is kept: building one costs ~6 minutes), so fewer of its
+rollouts end before the 64-token limit.
 
 Arms, each in its own process, taking turns one step each (the order rotating every step), pinned to the same
 cores with `--threads` torch threads (scripts/bench.py's machinery): `mrl` (this tree), `base` (the same script

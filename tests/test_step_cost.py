@@ -152,17 +152,16 @@ def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(mon
         assert (kept[:, -1] == PAD).sum() >= 3 and sum(rows_computed) < everything
 
 
-def test_bench_step_times_the_steps_of_make_train_bfcl():
-    """scripts/bench_step.py's step is `make train-bfcl`'s RL step: the Makefile's TRAIN_BFCL settings that shape
-    the step (model, task, algorithm, prompts, group, budget, micro-batch, lr, temperature) are its own."""
-    from conftest import makefile_overrides
+def test_bench_step_times_the_step_issue_45_measured():
+    """scripts/bench_step.py's step is the one issue 45 measured at 28.2 s: `make train-bfcl`'s RL step as of 8b63511
+    (SmolLM2, BFCL, GDPO, 4 prompts x 6 rollouts, 64 new tokens, micro-batches of 12, lr 2e-6, temperature 1.0).
+    train-bfcl itself has since moved to 2 x 6 at lr 1e-5 (issue 46's plan); the benchmark keeps the issue's shape
+    so that its figures stay comparable with the commit before."""
     from test_bench import load
 
     bench_step = load("bench_step")
-    shaping = ("model=", "rewards=", "algo=", "trainer.prompts_per_step=", "trainer.group_size=",
-               "trainer.max_new_tokens=", "trainer.micro_batch_size=", "trainer.lr=", "trainer.temperature=")
-    make = {o for o in makefile_overrides("TRAIN_BFCL") if o.startswith(shaping)}
-    assert len(make) == len(shaping) and make <= set(bench_step.TRAIN_BFCL)
+    assert set(bench_step.TRAIN_BFCL) >= {"model=smollm2_local", "rewards=bfcl", "algo=gdpo", "trainer.lr=2e-6",
+                                          "trainer.temperature=1.0"}
     cfg = bench_step.bfcl_config(2)
     assert (cfg.trainer.prompts_per_step, cfg.trainer.group_size, cfg.trainer.max_new_tokens,
             cfg.trainer.micro_batch_size, cfg.trainer.eval_every) == (4, 6, 64, 12, 0)
