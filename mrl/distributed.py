@@ -81,9 +81,10 @@ def init() -> None:
 
 def finish(exit_code: int) -> None:
     """End this rank's part of a run whose exit code is `exit_code`.  Under a launcher, never by the interpreter's
-    teardown: the process groups DeepSpeed made stay alive after `destroy_process_group` (its engine and optimizer
-    hold them), their gloo threads with them, and libstdc++ aborts at exit ("terminate called without an active
-    exception", SIGABRT, 2 two-rank runs in 40 under load: docs/testing.md).
+    finalization: gloo groups outlive `destroy_process_group` (DeepSpeed holds them), and a worker of theirs that
+    releases a collective's Python tensors late takes the GIL while the interpreter finalizes; CPython ends it with
+    pthread_exit, whose unwinding through gloo's noexcept destructor aborts the rank ("terminate called without an
+    active exception", 2 two-rank runs in 40 under load: docs/testing.md).
 
     - 0 (every rank finished the run: each has made the same collectives): meet in a barrier, destroy the group,
       then `leave(0)`.  A rank that failed after the last collective never reaches the barrier; the launcher stops
