@@ -258,9 +258,9 @@ setTimeout(function () {
 </script></body>"""
 
 
-@pytest.mark.parametrize("width", [1000, 1400])
-def test_at_1000_and_1400_px_the_page_fits_without_a_sideways_scroll_and_shows_every_panel(wide_sweep, tmp_path,
-                                                                                          width):
+@pytest.mark.parametrize("width", [1000, 1400, 1600])
+def test_from_1000_to_1600_px_the_page_fits_without_a_sideways_scroll_and_shows_every_panel(wide_sweep, tmp_path,
+                                                                                           width):
     write_html_report(find_runs([wide_sweep]), wide_sweep / "report.html")
     probe = wide_sweep / "layout.html"
     probe.write_text((wide_sweep / "report.html").read_text().replace("</body>", LAYOUT))
