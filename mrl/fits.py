@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mrl.config import UserError
-from mrl.models import BUILTIN_TINY, context_length
+from mrl.models import BUILTIN_TINY, ModelLoadError, context_length
 
 ROW_BYTES = 8 << 10  # a rollout, a held-out episode, a demonstration in a batch: at least this much
 RECORD_BYTES = 1 << 10  # a demonstration drawn from a generator task
@@ -74,9 +74,15 @@ def check(cfg) -> None:
         if need > have:
             raise UserError(f"{key}={value}: {what} need at least {need / 2**30:.1f} GiB, more than the "
                             f"{have / 2**30:.1f} GiB of memory here; lower {key}")
-    context = context_length(cfg.model) or 1 << 20
     task = OmegaConf.to_container(cfg.rewards.task, resolve=True) if cfg.rewards.get("task") is not None else {}
-    for name, value in (task or {}).items():
-        if name.startswith("num_") and type(value) is int and value > context:
+    counts = {name: value for name, value in (task or {}).items() if name.startswith("num_") and type(value) is int}
+    if not counts:
+        return
+    try:
+        context = context_length(cfg.model) or 1 << 20
+    except ModelLoadError:  # a model that is not here: mrl.models.check says so in its own line
+        return
+    for name, value in counts.items():
+        if value > context:
             raise UserError(f"rewards.task.{name}={value}: each is at least a token of a prompt, beyond the model's "
                             f"context of {context} tokens; lower rewards.task.{name}")

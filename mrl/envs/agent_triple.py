@@ -76,8 +76,10 @@ class AgentTriple:
                 for i, p in ((i, self.prompt(i)) for i in range(count)) if self.computable(p)]
 
     def computable(self, prompt: Prompt) -> bool:
-        """Whether calc computes `prompt`: it takes `num_digits` operands, no more."""
-        return len(prompt.meta["digits"]) == self.num_digits
+        """Whether calc computes `prompt`: it takes `num_digits` operands, no more (a record read from `data.path`
+        carries only its target, which calc computes)."""
+        digits = prompt.meta.get("digits")
+        return digits is None or len(digits) == self.num_digits
 
     def _problem(self, rng: random.Random, uncomputable: float = 0.0) -> Prompt:
         """A problem of `num_digits` operands, or with chance `uncomputable` one more (the stream at 0 draws no extra
