@@ -79,7 +79,8 @@ def seed_row(name: str, run) -> dict:
     budget = run.config.rewards.channels.safety.budget if run.config.rewards.channels.safety.enforce == "budget" \
         else None
     prices = run.series("constraint/safety/lambda")
-    price, price_se = mean_se(prices[-LAST:]) if prices else (math.nan, math.nan)
+    window = prices[-LAST:]
+    price, price_se = mean_se(window) if prices else (math.nan, math.nan)
     return {"setting": name, "seed": run.config.trainer.seed, "budget": "-" if budget is None else budget,
             f"violation_last{LAST}": violation, "violation_se": se,
             "within_budget": "-" if budget is None else violation <= budget + 2 * se,
@@ -87,7 +88,7 @@ def seed_row(name: str, run) -> dict:
             "optimum_correctness": optimum(budget) if budget is not None else "-",
             "final_lambda": prices[-1] if prices else "-",
             f"lambda_mean_last{LAST}": price if prices else "-",
-            f"lambda_sd_last{LAST}": price_se * math.sqrt(LAST) if prices else "-",
+            f"lambda_sd_last{LAST}": price_se * math.sqrt(len(window)) if prices else "-",  # SE = sd / sqrt(n)
             "peak_violation_ma20": max(moving_average(rates, 20)),
             "peak_lambda": max(prices) if prices else "-"}
 
