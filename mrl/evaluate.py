@@ -35,7 +35,7 @@ from mrl.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, quiet_trans
 from mrl.restore import adapter_base, load_for_inference
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
-from mrl.rundir import atomic_write_text, intact_checkpoint
+from mrl.rundir import atomic_write_jsonl, atomic_write_text, intact_checkpoint
 from mrl.tasks import build_task, episode_protocol, held_out_prompts
 from mrl.trainable import pick_device
 from mrl.validation import validate
@@ -110,7 +110,7 @@ def held_out_metrics(cfg, engine: RolloutEngine, task: Any, protocol, reward_set
                               trainer.eval_batch_tokens)
     if outcomes is not None:
         outcomes.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(outcomes, "".join(json.dumps(row) + "\n" for row in outcome_rows(held)))
+        atomic_write_jsonl(outcomes, outcome_rows(held))
     return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
 
 
@@ -489,9 +489,8 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
     report = {**header, **summarize(held, cfg.rewards.pass_channel)}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / EVAL_FILE, json.dumps(report, indent=2) + "\n")
-    atomic_write_text(out / EVAL_LINES, "".join(json.dumps(r) + "\n" for r in prompt_records(held,
-                                                                                            report["pass_channel"])))
-    atomic_write_text(out / EVAL_OUTCOMES, "".join(json.dumps(row) + "\n" for row in outcome_rows(held)))
+    atomic_write_jsonl(out / EVAL_LINES, prompt_records(held, report["pass_channel"]))
+    atomic_write_jsonl(out / EVAL_OUTCOMES, outcome_rows(held))
     return {**report, "out": str(out)}
 
 

@@ -30,6 +30,7 @@ import re
 import signal
 import stat
 import threading
+from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,11 @@ def atomic_write_text(path: Path, text: str | bytes) -> None:
         os.fsync(file.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def atomic_write_jsonl(path: Path, rows: Iterable[Any]) -> None:
+    """`atomic_write_text` of `rows` as JSON lines, one a row."""
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def own_dir(path: Path) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from mrl.config import UserError
 from mrl.distributed import warn
-from mrl.rundir import METRICS_FILE, atomic_write_text, open_nofollow
+from mrl.rundir import METRICS_FILE, atomic_write_jsonl, atomic_write_text, open_nofollow
 
 SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.episode.sample_records)
 
@@ -66,7 +66,7 @@ class MetricsFile:
         self.path = run_dir / METRICS_FILE
         if resume_step is not None:
             kept = [r for r in read_metrics(previous or self.path) if r["step"] <= resume_step]
-            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            atomic_write_jsonl(self.path, kept)
         self.file = os.fdopen(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
 
     def log(self, metrics: dict[str, Any]) -> None:
