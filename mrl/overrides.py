@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from mrl.config import CONF_DIR, TrainConfig, UserError
+from mrl.core.config import CONF_DIR, TrainConfig, UserError
 
 RESUME_FLAG = "--resume"
 TRUE = ("true", "yes", "1", "latest")

@@ -87,8 +87,8 @@ def mrl_overrides(shape: Shape, steps: int, engine: str = "auto") -> list[str]:
 def mrl_config(shape: Shape, steps: int, engine: str = "auto"):
     from hydra import compose, initialize_config_dir
 
-    import mrl.config  # noqa: F401  registers the schemas
-    from mrl.config import CONF_DIR
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.core.config import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=mrl_overrides(shape, steps, engine))
@@ -110,7 +110,7 @@ def trl_args(shape: Shape, steps: int, output_dir: str) -> dict[str, Any]:
 
 def shared_prompts(cfg, count: int, chat: bool) -> list[dict[str, Any]]:
     """The first `count` prompts of the task mrl trains on, as TRL's dataset rows (conversational for chat models)."""
-    from mrl.tasks import build_task
+    from mrl.envs.task import build_task
 
     task = build_task(cfg)
     rows = []
@@ -125,7 +125,7 @@ def trl_reward(cfg):
     """mrl's `correctness` callable as a TRL reward function (completions as text or as chat messages)."""
     from hydra.utils import instantiate
 
-    from mrl.episode import Episode, Prompt
+    from mrl.core.episode import Episode, Prompt
 
     channel = instantiate(cfg.rewards.channels.correctness.fn)
 
@@ -196,12 +196,12 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
     functions (bench_memory).
 
     A step runs from the end of one `MetricsFile.log` to the end of the next: everything `train` does per step."""
-    import mrl.loop
+    import mrl.train.loop
 
     cfg = mrl_config(shape, steps, engine)
     n = shape.prompts * shape.group
 
-    class SyncedMetrics(mrl.loop.MetricsFile):
+    class SyncedMetrics(mrl.train.loop.MetricsFile):
         # Built once the models are loaded, just before step 1.
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -215,13 +215,13 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
                 hooks.finish()
             hooks.before_step(step + 1)
 
-    mrl.loop.MetricsFile = SyncedMetrics
-    mrl.loop.collect = hooks.timed_rollout(mrl.loop.collect)
+    mrl.train.loop.MetricsFile = SyncedMetrics
+    mrl.train.loop.collect = hooks.timed_rollout(mrl.train.loop.collect)
     if phases is not None:
         for name in ("collect", "score", "update"):
-            setattr(mrl.loop, name, phases(name, getattr(mrl.loop, name)))
+            setattr(mrl.train.loop, name, phases(name, getattr(mrl.train.loop, name)))
     run_dir = Path(tempfile.mkdtemp(prefix=f"mrl-bench-{shape.name}-"))
-    mrl.loop.train(cfg, run_dir)
+    mrl.train.loop.train(cfg, run_dir)
 
 
 def build_trl(shape: Shape, steps: int, callbacks: list) -> Any:
@@ -231,7 +231,7 @@ def build_trl(shape: Shape, steps: int, callbacks: list) -> Any:
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    from mrl.models import load_tokenizer, quiet_transformers, resolve_model_path
+    from mrl.modeling.models import load_tokenizer, quiet_transformers, resolve_model_path
 
     quiet_transformers()
     cfg = mrl_config(shape, steps)

@@ -4,9 +4,9 @@
 
 Three ways to get the clipped surrogate's gradient (GRPO, seq_mean, no KL) from the last hidden states [N, T, H]
 through an output layer [V, H] (Qwen's V = 151,936; H = 896 is Qwen2.5-0.5B's width):
-- `checkpointed`: mrl.losses.token_logprobs, the layer run a chunk at a time, each chunk recomputed in the backward
+- `checkpointed`: mrl.algo.losses.token_logprobs, the layer run a chunk at a time, each chunk recomputed in the backward
   by autograd (mrl's path for output layers that scale or soft-cap their logits);
-- `linear`: mrl.losses.linear_token_logprobs, the same chunks with the gradient written by hand (mrl's path for a
+- `linear`: mrl.algo.losses.linear_token_logprobs, the same chunks with the gradient written by hand (mrl's path for a
   plain linear output layer, most families);
 - `liger`: Liger Kernel's LigerFusedLinearGRPOLoss (eager, as on CPU), when `liger_kernel` is importable.
 
@@ -36,7 +36,7 @@ def one(way: str, hidden_size: int, rows: int, tokens: int, steps: int) -> dict:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from mrl.losses import aggregate, clipped_surrogate, linear_token_logprobs, token_logprobs
+    from mrl.algo.losses import aggregate, clipped_surrogate, linear_token_logprobs, token_logprobs
 
     generator = torch.Generator().manual_seed(0)
     # Scaled in place: a temporary copy of the weight would raise the peak that the steps are measured against.

@@ -27,8 +27,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's mrl, whichever one the interpreter has installed
 
-from mrl.local_models import SMOLLM2_DIR  # noqa: E402
-from mrl.tracking import METRICS_FILE, read_metrics  # noqa: E402
+from mrl.modeling.local_models import SMOLLM2_DIR  # noqa: E402
+from mrl.runs.tracking import METRICS_FILE, read_metrics  # noqa: E402
 
 SHAPES = {
     "smollm2": ["rewards=calc_agent", "trainer.prompts_per_step=2", "trainer.group_size=4",
@@ -45,7 +45,7 @@ PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH
 # measured 1.4 GB of RSS for 0.35 GB of saved tensors.  A fixed, low threshold serves every large tensor by mmap and
 # returns it on free, so that a CPU peak is the live memory's (GPU peaks are the allocator's own count anyway).
 ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "65536"}
-BASELINE = ("import resource, torch, transformers, peft, mrl.loop; "
+BASELINE = ("import resource, torch, transformers, peft, mrl.train.loop; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
 
 
@@ -73,8 +73,8 @@ def model_bytes(overrides: list[str]) -> int:
     """Bytes of the model's weight files (model*.safetensors) as it is loaded."""
     from hydra import compose, initialize_config_dir
 
-    from mrl.config import CONF_DIR
-    from mrl.models import resolve_model_path
+    from mrl.core.config import CONF_DIR
+    from mrl.modeling.models import resolve_model_path
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)

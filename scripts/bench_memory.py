@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402  (scripts/bench.py: the shared configs and trainers)
 
 VOCAB = 151936  # Qwen2's
-# Qwen2's layout (ARCHITECTURES in mrl/local_models.py: q, k, v biases, tied embeddings) shrunk to ~9.8M parameters,
-# 9.7M of which are the embedding: the shape at which the output layer's [N, T, V] tensors are all that matter.
+# Qwen2's layout (ARCHITECTURES in mrl/modeling/local_models.py: q, k, v biases, tied embeddings) shrunk to ~9.8M
+# parameters, 9.7M of which are the embedding: the shape at which the output layer's [N, T, V] tensors are all that
+# matter.
 ARCH = "qwen2_5_1_5b_instruct"
 SHRINK = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512)
@@ -48,9 +49,9 @@ def model_dir() -> Path:
     """The random Qwen2 (fp32) with a word-level tokenizer of VOCAB words, built on first use."""
     import torch
 
-    from mrl.config import TinyModelSpec
-    from mrl.local_models import build_random_init
-    from mrl.models import tiny_model_dir
+    from mrl.core.config import TinyModelSpec
+    from mrl.modeling.local_models import build_random_init
+    from mrl.modeling.models import tiny_model_dir
 
     # The built-in tiny model's word-level tokenizer at Qwen's vocabulary size: every sampled id decodes to a word.
     words = tiny_model_dir(TinyModelSpec(vocab_size=VOCAB, max_position_embeddings=16))

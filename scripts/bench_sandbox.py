@@ -24,12 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mrl.core.episode import Episode  # noqa: E402
 from mrl.envs.code import (  # noqa: E402
     CodeTask,
     PassRate,  # noqa: E402
     program,
 )
-from mrl.episode import Episode  # noqa: E402
 from mrl.sandbox import SandboxLimits, check_sandbox, run_tests  # noqa: E402
 
 TRIVIAL = ("def f(x):\n    return x\n", ["f(1) == 1"])

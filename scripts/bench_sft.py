@@ -1,7 +1,7 @@
 """make bench-sft: `mrl sft` against TRL's SFTTrainer on the same records, side by side in one run.
 
 Both train SmolLM2-135M-Instruct (fp32, CPU) for one epoch over the same `--records` BFCL simple_python train
-demonstrations, as the same token ids and the same assistant-only loss mask: mrl's rows (mrl.demonstrations.play)
+demonstrations, as the same token ids and the same assistant-only loss mask: mrl's rows (mrl.train.demonstrations.play)
 are handed to TRL pre-tokenized (`input_ids`, `completion_mask`, completion_only_loss), with the same batch (no
 packing, no padding-free), AdamW at a constant learning rate, no warmup.  Each framework runs in its own process,
 alternating (mrl, TRL, mrl, TRL, ... `--rounds`), so that load from other jobs falls on both alike.
@@ -34,11 +34,11 @@ def rows(records: int):
     """mrl's played demonstrations: the first `records` of BFCL simple_python's train split, SmolLM2's chat format."""
     from hydra import compose, initialize_config_dir
 
-    import mrl.config  # noqa: F401  registers the schemas
-    from mrl.config import CONF_DIR
-    from mrl.demonstrations import play, task_demonstrations
-    from mrl.models import load_tokenizer
-    from mrl.tasks import build_task, episode_protocol
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.core.config import CONF_DIR
+    from mrl.envs.task import build_task, episode_protocol
+    from mrl.modeling.models import load_tokenizer
+    from mrl.train.demonstrations import play, task_demonstrations
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("sft", overrides=overrides(records))
@@ -58,10 +58,10 @@ def overrides(records: int) -> list[str]:
 def run_mrl(records: int) -> dict:
     from hydra import compose, initialize_config_dir
 
-    import mrl.config  # noqa: F401  registers the schemas
-    from mrl.config import CONF_DIR
-    from mrl.sft import sft
-    from mrl.tracking import METRICS_FILE, read_metrics
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.core.config import CONF_DIR
+    from mrl.runs.tracking import METRICS_FILE, read_metrics
+    from mrl.train.sft import sft
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("sft", overrides=overrides(records))

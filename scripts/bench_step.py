@@ -48,8 +48,8 @@ TRAIN_BFCL = ("model=smollm2_local", "rewards=bfcl", "algo=gdpo", f"trainer.prom
 def bfcl_config(steps: int):
     from hydra import compose, initialize_config_dir
 
-    import mrl.config  # noqa: F401  registers the schemas
-    from mrl.config import CONF_DIR
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.core.config import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=[*TRAIN_BFCL, f"trainer.max_steps={steps}", f"trainer.save_every={steps}"])
@@ -125,8 +125,8 @@ def run_trl_arm(steps: int, hooks: StepHooks) -> None:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from mrl.models import load_tokenizer, quiet_transformers, resolve_model_path
-    from mrl.tasks import build_task, episode_protocol
+    from mrl.envs.task import build_task, episode_protocol
+    from mrl.modeling.models import load_tokenizer, quiet_transformers, resolve_model_path
 
     quiet_transformers()
     cfg = bfcl_config(steps)

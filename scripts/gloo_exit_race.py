@@ -18,6 +18,6 @@ works = [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
 dist.destroy_process_group()
 del works, tensors
 if sys.argv[1:] == ["leave"]:
-    from mrl.distributed import leave
+    from mrl.core.distributed import leave
 
     leave(0)

@@ -3,7 +3,7 @@
     bash scripts/gpu_check.sh [--steps 3] [--archs qwen3_0_6b qwen2_5_1_5b_instruct] [--out outputs/gpu_check]
                               [--rows 8 64 256] [--tokens 64] [--lora-rank 16] [--dry-run]
 
-For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/local_models.py) it measures the
+For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/modeling/local_models.py) it measures the
 rollout engines (`measure_engines`: tokens/s of HF generate, the native decoder and the captured one at 8, 64 and
 256 rows, each as a fraction of the bandwidth bound, rows x measured copy bandwidth / weight bytes; fails where the
 captured decoder's greedy rows equal HF generate's on under 90%), compares mrl's
@@ -37,12 +37,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mrl.checkpoint import latest_checkpoint  # noqa: E402
-from mrl.config import TinyModelSpec  # noqa: E402
-from mrl.local_models import SMOLLM2_DIR, build_random_init  # noqa: E402
-from mrl.models import tiny_model_dir  # noqa: E402
-from mrl.restore import trained_weights  # noqa: E402
-from mrl.tracking import METRICS_FILE, read_metrics  # noqa: E402
+from mrl.core.config import TinyModelSpec  # noqa: E402
+from mrl.modeling.local_models import SMOLLM2_DIR, build_random_init  # noqa: E402
+from mrl.modeling.models import tiny_model_dir  # noqa: E402
+from mrl.runs.checkpoint import latest_checkpoint  # noqa: E402
+from mrl.runs.restore import trained_weights  # noqa: E402
+from mrl.runs.tracking import METRICS_FILE, read_metrics  # noqa: E402
 
 TOKENIZERS = [ROOT / "models" / "smollm2-tokenizer", ROOT / SMOLLM2_DIR]
 PRESETS = {"qwen3_0_6b": "qwen3_0_6b", "qwen2_5_1_5b_instruct": "qwen2_5_1_5b_instruct"}  # arch -> conf/model
@@ -104,10 +104,10 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
     one's decode time, and, sampled on a CPU, the time with the native decoder's own draw there (`inverse_cdf`).
     Prints them; returns what went wrong (under 90% equal rows: a real difference, not a rounding one, on a GPU
     whose kernels may round differently from the CPU, where every row is equal)."""
-    from mrl.config import ModelConfig
-    from mrl.decoder import DecodeRequest, draw_for, multinomial
-    from mrl.models import load_causal_lm
-    from mrl.rollout import Sampling, hf_decode, native_decode, prompt_cache
+    from mrl.core.config import ModelConfig
+    from mrl.generation.decoder import DecodeRequest, draw_for, multinomial
+    from mrl.generation.rollout import Sampling, hf_decode, native_decode, prompt_cache
+    from mrl.modeling.models import load_causal_lm
 
     model = load_causal_lm(str(model_dir), ModelConfig(name_or_path=str(model_dir), dtype=dtype), device).eval()
     generator = torch.Generator().manual_seed(0)
@@ -140,12 +140,12 @@ def compare_decoders(model_dir: Path, device: torch.device, dtype: str = "bfloat
 
 
 def layout_model(arch: str, device: torch.device, **overrides):
-    """A random-init model of `arch`'s layout (mrl.local_models.ARCHITECTURES, `overrides` shrinking it) built from
-    its config, no download, no tokenizer: bf16 weights on a GPU (as DeepSpeed's bf16 mode holds them), float32 on a
-    CPU."""
+    """A random-init model of `arch`'s layout (mrl.modeling.local_models.ARCHITECTURES, `overrides` shrinking it) built
+    from its config, no download, no tokenizer: bf16 weights on a GPU (as DeepSpeed's bf16 mode holds them), float32 on
+    a CPU."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from mrl.local_models import ARCHITECTURES
+    from mrl.modeling.local_models import ARCHITECTURES
 
     config = AutoConfig.for_model(**{**ARCHITECTURES[arch], **overrides}, pad_token_id=0, eos_token_id=1)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -182,8 +182,8 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
     (measured when None) / the weights' bytes, the tokens/s at which each step reads the weights once (KV reads,
     the prompt and sampling left out: the bound is generous).  Also the share of greedy rows where the captured
     decoder's tokens are HF generate's.  -> (one dict per rows and engine, what went wrong: under MIN_EQUAL)."""
-    from mrl.decoder import DecodeRequest, multinomial
-    from mrl.rollout import Sampling, captured_decode, hf_decode, native_decode
+    from mrl.generation.decoder import DecodeRequest, multinomial
+    from mrl.generation.rollout import Sampling, captured_decode, hf_decode, native_decode
 
     engines = {"hf": hf_decode, "native": functools.partial(native_decode, draw=multinomial),
                "captured": functools.partial(captured_decode, draw=multinomial)}

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from mrl.config import CONF_DIR
-from mrl.loop import train
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.core.config import CONF_DIR
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mrl.local_models import SMOLLM2_DIR
+from mrl.modeling.local_models import SMOLLM2_DIR
 
 
 def main() -> None:

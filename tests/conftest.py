@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-import mrl.config  # noqa: F401  registers the schemas
-from mrl.config import CONF_DIR
+import mrl.core.config  # noqa: F401  registers the schemas
+from mrl.core.config import CONF_DIR
 
 # A small, fast run: 2 steps of 2 prompts x 4 rollouts, no W&B.
 SHRINK = ["trainer.max_steps=2", "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
@@ -29,7 +29,7 @@ def _isolated_env(tmp_path_factory):
     os.environ["WANDB_MODE"] = "offline"
     os.environ["WANDB_SILENT"] = "true"
     # DeepSpeed compiles a C++ op on first use: keep it in the persistent cache the CLI uses too.
-    from mrl.trainable import torch_extensions_dir
+    from mrl.modeling.trainable import torch_extensions_dir
 
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(torch_extensions_dir()))
     yield
@@ -103,7 +103,7 @@ def cfg(_isolated_env):
 
 @pytest.fixture(scope="module")
 def tokenizer(cfg):
-    from mrl.models import load_tokenizer, resolve_model_path
+    from mrl.modeling.models import load_tokenizer, resolve_model_path
 
     return load_tokenizer(resolve_model_path(cfg.model))
 
@@ -112,7 +112,7 @@ def tokenizer(cfg):
 def model(cfg):
     import torch
 
-    from mrl.models import load_causal_lm, resolve_model_path
+    from mrl.modeling.models import load_causal_lm, resolve_model_path
 
     return load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu")).eval()
 

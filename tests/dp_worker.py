@@ -19,7 +19,7 @@ import sys
 def spy_on_checkpoints() -> None:
     import torch
 
-    import mrl.loop as loop
+    import mrl.train.loop as loop
 
     original = loop.save_checkpoint
 
@@ -51,7 +51,7 @@ class FailsOnRank1:
 def full_disk_on_rank0() -> None:
     import errno
 
-    import mrl.checkpoint as checkpoint
+    import mrl.runs.checkpoint as checkpoint
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -68,16 +68,16 @@ def grads(out: str, stage: int) -> None:
     import torch
     from hydra import compose, initialize_config_dir
 
-    import mrl.config  # noqa: F401
-    from mrl import distributed as dist
-    from mrl.advantages import ESTIMATORS
-    from mrl.collect import collect, lockstep_batch
-    from mrl.config import CONF_DIR
-    from mrl.loop import build_models, seed_everything
+    import mrl.core.config  # noqa: F401
+    from mrl.algo.advantages import ESTIMATORS
+    from mrl.core import distributed as dist
+    from mrl.core.config import CONF_DIR
+    from mrl.envs.task import build_task
+    from mrl.generation.rollout import HFEngine
     from mrl.rewards.channels import build_reward_set
-    from mrl.rollout import HFEngine
-    from mrl.tasks import build_task
-    from mrl.update import UpdateBatch, update
+    from mrl.train.collect import collect, lockstep_batch
+    from mrl.train.loop import build_models, seed_everything
+    from mrl.train.update import UpdateBatch, update
 
     results = {}
     for agg in ("token_mean", "seq_mean"):
@@ -123,7 +123,7 @@ def grads(out: str, stage: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "grads":
-        from mrl import distributed
+        from mrl.core import distributed
 
         distributed.init()
         grads(sys.argv[2], int(sys.argv[3]))

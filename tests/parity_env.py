@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from mrl.episode import Episode, Prompt
+from mrl.core.episode import Episode, Prompt
 
 
 class ParityTask:

@@ -1,4 +1,4 @@
-"""Unit tests for mrl/advantages.py.  Every expected value is worked out by hand in the comments."""
+"""Unit tests for mrl/algo/advantages.py.  Every expected value is worked out by hand in the comments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mrl.advantages import (
+from mrl.algo.advantages import (
     ESTIMATORS,
     check_finite,
     gae_advantages,
@@ -20,7 +20,7 @@ from mrl.advantages import (
     live_groups,
     masked_whiten,
 )
-from mrl.config import UserError
+from mrl.core.config import UserError
 
 EPS = 1e-6
 TOL = dict(rtol=1e-9, atol=1e-9)  # float64 inputs, eps written into the hand formulas
@@ -235,7 +235,7 @@ def test_grpo_weighted_sums_that_tie_are_dead_but_gdpo_is_live():
 
 def test_an_unknown_estimator_names_the_choices_and_the_registry():
     with pytest.raises(UserError, match=r"^algo.advantage='reinforce': choose one of grpo, gdpo, gae \(registered in "
-                                        r"mrl/advantages.py ESTIMATORS, with @estimator\)$"):
+                                        r"mrl/algo/advantages.py ESTIMATORS, with @estimator\)$"):
         ESTIMATORS.choose("reinforce")
 
 

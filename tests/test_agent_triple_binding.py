@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from test_rewards import ADD_34, CALC_7, agent_episode
 
+from mrl.core.episode import Prompt
 from mrl.envs.agent_triple import AgentTriple, Correctness, Safety
-from mrl.episode import Prompt
 from mrl.repro.constraints_binding import optimum
 
 ADD_375 = Prompt("add 3 7 5 =", {"op": "add", "digits": [3, 7, 5], "target": 5})  # (3 + 7 + 5) mod 10

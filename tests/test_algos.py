@@ -11,14 +11,14 @@ import pytest
 import torch
 from conftest import ALGOS
 
-from mrl.advantages import ESTIMATORS
-from mrl.config import UserError
-from mrl.episode import Episode, Prompt
-from mrl.loop import build_models
+from mrl.algo.advantages import ESTIMATORS
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt
+from mrl.generation.rollout import Rollouts
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import Rollouts
-from mrl.update import UpdateBatch, score_rollouts, single_update, update
-from mrl.validation import validate
+from mrl.train.loop import build_models
+from mrl.train.update import UpdateBatch, score_rollouts, single_update, update
+from mrl.train.validation import validate
 
 CPU = torch.device("cpu")
 # correctness, efficiency, safety of four rollouts: 0 is right and short, 3 is wrong, long and unsafe.
@@ -142,8 +142,8 @@ def test_critic_lr_defaults_to_the_model_preset(make_cfg):
 
 
 def test_log_probs_are_those_of_the_sampling_distribution(make_cfg):
-    from mrl.rollout import position_ids
-    from mrl.update import policy_forward
+    from mrl.generation.rollout import position_ids
+    from mrl.train.update import policy_forward
 
     cfg = make_cfg()
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
@@ -165,10 +165,10 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     # Every rollout is wrong and its efficiency (minus its length) varies: the raw rewards look live, but with
     # efficiency conditioned on correctness every shaped value is the gated one, so the update would train on
     # zeros.  Dynamic sampling must see these groups as dead.
-    from mrl.collect import collect
+    from mrl.envs.task import build_task
+    from mrl.generation.rollout import HFEngine
     from mrl.rewards.channels import ChannelSpec, RewardSet
-    from mrl.rollout import HFEngine
-    from mrl.tasks import build_task
+    from mrl.train.collect import collect
 
     cfg = make_cfg("algo=gdpo_dapo", "algo.max_gen_batches=2", "trainer.max_new_tokens=6")
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
@@ -225,9 +225,9 @@ def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
 def test_an_estimator_and_an_aggregation_are_one_registry_entry_each(monkeypatch, make_cfg, tmp_path):
     """A new estimator or aggregation is one entry (algo.advantage, algo.loss_agg name it; nothing else to edit):
     registered here at run time, they drive a step, value for value."""
-    from mrl.advantages import estimator, grpo_contributions, grpo_signal
-    from mrl.loop import train
-    from mrl.losses import AGGREGATIONS, Aggregation, token_mean
+    from mrl.algo.advantages import estimator, grpo_contributions, grpo_signal
+    from mrl.algo.losses import AGGREGATIONS, Aggregation, token_mean
+    from mrl.train.loop import train
 
     monkeypatch.setitem(ESTIMATORS, "half_grpo", None)  # the entry below replaces it; removed after the test
 

@@ -12,7 +12,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from mrl.config import UserError
+from mrl.core.config import UserError
 from mrl.envs.bfcl import files as bfcl_data
 from mrl.envs.bfcl import grader as bfcl
 

@@ -4,8 +4,8 @@ its channels).
 The checks are compared with BFCL's own multi-turn checker (run as an oracle, from the installed package) on the
 ground truth and on corrupted call sequences; the ground truth replays clean on every entry; collateral damage and
 unavailable functions are safety violations; bad calls come back as error results.  Episodes run through the real
-turn loop (mrl.rollout.generate) with a scripted chat model that writes the ground truth's calls, and `train()` runs
-a few steps on a tiny byte-level BPE chat model."""
+turn loop (mrl.generation.rollout.generate) with a scripted chat model that writes the ground truth's calls, and
+`train()` runs a few steps on a tiny byte-level BPE chat model."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import pytest
 from conftest import compose_config
 from test_protocols import TEMPLATES, build_chat_model, rollout
 
-from mrl.config import UserError
+from mrl.chat.protocols import ChatProtocol
+from mrl.core.config import UserError
 from mrl.envs.bfcl_agent import BfclAgentTask, calls_per_turn, gym, scores
-from mrl.loop import train
-from mrl.models import load_tokenizer
-from mrl.protocols import ChatProtocol
+from mrl.modeling.models import load_tokenizer
+from mrl.train.loop import train
 
 SMOLLM2 = Path(__file__).resolve().parent.parent / "models" / "smollm2-135m-instruct"
 # The one entry whose ground truth BFCL's data gets wrong: turn 1 calls `tail`, which miss_func adds at turn 3.
@@ -332,7 +332,7 @@ def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
     """SmolLM2-135M-Instruct on BFCL multi-turn entries through the whole loop: rollouts in its chat format, the
     worlds' results in its transcripts, the channels scored, held-out evaluation before and after one step."""
     from mrl.repro.agent import plan
-    from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+    from mrl.runs.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
 
     monkeypatch.chdir(SMOLLM2.parent.parent)  # model.name_or_path is relative to the repository
     prefix = "rewards.task.answer_prefix='<tool_call>{\"name\": \"'"

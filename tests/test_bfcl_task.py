@@ -9,14 +9,14 @@ import pytest
 from conftest import compose_config
 from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model fixtures
 
-from mrl.config import UserError
+from mrl.chat.protocols import ChatProtocol
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.envs.bfcl import BfclTask, Correctness, Format, NoCall, RightFunctions, held_out
 from mrl.envs.bfcl import files as bfcl_data
 from mrl.envs.bfcl import grader as bfcl
-from mrl.episode import Episode, Prompt, ToolCall
-from mrl.protocols import ChatProtocol
+from mrl.envs.task import build_task, episode_protocol
 from mrl.rewards.channels import build_reward_set
-from mrl.tasks import build_task, episode_protocol
 
 
 def answer(*calls: tuple[str, dict]) -> str:

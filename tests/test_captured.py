@@ -1,6 +1,6 @@
-"""mrl's captured decoder (mrl/captured.py), on CPU, where its step runs eagerly over the same static buffers a CUDA
-graph replays: greedy it picks HF generate's tokens, sampled with HF's draw (`multinomial`) and the same seed it draws
-HF's very tokens (each family, a cached prompt, left padding, warpers, a stop criterion, the multi-turn tool loop,
+"""mrl's captured decoder (mrl/generation/captured.py), on CPU, where its step runs eagerly over the same static buffers
+a CUDA graph replays: greedy it picks HF generate's tokens, sampled with HF's draw (`multinomial`) and the same seed it
+draws HF's very tokens (each family, a cached prompt, left padding, warpers, a stop criterion, the multi-turn tool loop,
 LoRA); buckets are kept across calls and across in-place weight updates, dropped when a weight moves; the first-use
 check refuses (`captured`) or falls back (`auto` on CUDA) in one line."""
 
@@ -13,12 +13,12 @@ import torch
 from conftest import scale_logits
 from test_decoder import PAD, STOP, TENSORS, draw, family_model, grouped_batch
 
-import mrl.captured as captured
-from mrl.config import UserError
-from mrl.decoder import DecodeRequest, multinomial
-from mrl.episode import Prompt
-from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import (
+import mrl.generation.captured as captured
+from mrl.chat.protocols import Tool, WordsProtocol
+from mrl.core.config import UserError
+from mrl.core.episode import Prompt
+from mrl.generation.decoder import DecodeRequest, multinomial
+from mrl.generation.rollout import (
     ROLLOUT_ENGINES,
     Sampling,
     auto_cuda_decode,
@@ -182,7 +182,7 @@ def test_auto_picks_captured_on_cuda_and_keeps_the_native_decoder_elsewhere(mode
 
 
 def test_a_short_run_trains_with_the_captured_engine(make_cfg, tmp_path):
-    from mrl.loop import train
+    from mrl.train.loop import train
 
     final = train(make_cfg("algo=grpo", "rollout.engine=captured", "trainer.max_steps=1"), tmp_path)
     assert final["loss/policy"] is not None and final["perf/tokens_per_s"] > 0

@@ -34,7 +34,7 @@ def test_the_dry_run_measures_every_engine_on_a_tiny_layout(capsys):
 def test_fractions_of_the_bound_and_the_equal_rows_gate(monkeypatch):
     """The bound is rows x bandwidth / weight bytes: 3 rows at 1e9 B/s over the model's bytes; a captured decoder
     whose tokens differ from HF generate's fails the check, naming the share."""
-    import mrl.rollout
+    import mrl.generation.rollout
 
     model = gpu_check.layout_model("qwen2_5_1_5b_instruct", CPU, **gpu_check.DRY_LAYOUT)
     weights = sum(p.numel() * 4 for p in model.parameters())
@@ -46,11 +46,11 @@ def test_fractions_of_the_bound_and_the_equal_rows_gate(monkeypatch):
     assert results[2]["greedy_equal"] == 1.0
 
     def shifted(model, request, sampling, **kwargs):  # one token off in every row
-        out = mrl.rollout.hf_decode(model, request, sampling)
+        out = mrl.generation.rollout.hf_decode(model, request, sampling)
         out[:, -1] = (out[:, -1] + 1) % model.config.vocab_size
         return out
 
-    monkeypatch.setattr(mrl.rollout, "captured_decode", shifted)
+    monkeypatch.setattr(mrl.generation.rollout, "captured_decode", shifted)
     _, problems = gpu_check.measure_engines(model, CPU, (3,), tokens=2, prompt=8, bandwidth=1e9)
     assert problems == ["captured decoder, 3 rows greedy: only 0% of rows equal HF generate's (want >= 90%)"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
 
 MRL = [sys.executable, "-m", "mrl.cli"]
 TINY_RUN = ["trainer.prompts_per_step=2", "trainer.group_size=4", "logger=none"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mrl.advantages import (
+from mrl.algo.advantages import (
     ESTIMATORS,
     dual_step,
     gdpo_advantages,
@@ -20,10 +20,10 @@ from mrl.advantages import (
     live_groups,
     mean_cost,
 )
-from mrl.config import UserError
-from mrl.loop import train
+from mrl.core.config import UserError
 from mrl.rewards.channels import ChannelSpec, RewardSet
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 EPS = 1e-6
 BUDGET = ["rewards.channels.safety.enforce=budget", "rewards.channels.safety.budget=0.05"]
@@ -146,7 +146,7 @@ def test_a_group_where_only_the_priced_cost_varies_is_live_while_the_price_is_po
     ([*BUDGET, "rewards.channels.safety.lambda_init=20"], ["safety.lambda_init=20", "lambda_max"]),
 ])
 def test_bad_budget_settings_fail_in_one_line_naming_the_key(overrides, named, make_cfg):
-    from mrl.validation import validate
+    from mrl.train.validation import validate
 
     with pytest.raises(UserError) as err:
         validate(make_cfg("algo=gdpo", *overrides))
@@ -194,7 +194,7 @@ def test_two_ranks_pay_the_same_price_priced_on_every_rank_s_rollouts(tmp_path):
 
 
 def test_the_report_draws_the_price_and_the_cost_against_the_budget(tmp_path):
-    from mrl.report import Run, make_report, priced_panels, priced_rows, report_figure
+    from mrl.runs.report import Run, make_report, priced_panels, priced_rows, report_figure
 
     # Steps 1-4: price 0, 0.5, 1, 1.5; cost 0.5, 0.5, 0.5, 0.0; budget 0.05.  Last 2 steps' mean cost: 0.25.
     records = [{"step": s, "reward/safety/mean": -c, "reward/total/mean": -c, "constraint/safety/lambda": lam,

@@ -1,4 +1,4 @@
-"""mrl.data: loading local datasets, records -> prompts, the train/eval split, and DatasetTask."""
+"""mrl.core.data: loading local datasets, records -> prompts, the train/eval split, and DatasetTask."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from mrl.config import UserError
-from mrl.data import DatasetTask, Schema, load_records, records_to_prompts, split_train_eval
+from mrl.core.config import UserError
+from mrl.core.data import DatasetTask, Schema, load_records, records_to_prompts, split_train_eval
 
 RECORDS = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1), "level": i % 3} for i in range(12)]
 

@@ -1,7 +1,7 @@
-"""mrl's native decoder (mrl/decoder.py): given HF's draw (`multinomial`) and the same seed it draws exactly the
-tokens HF `generate` draws, for every family it claims, through the whole turn loop, with adapters and under autocast;
-its own draw (`inverse_cdf`) samples the same distribution; and what it cannot run is refused by name or left to HF
-`generate`."""
+"""mrl's native decoder (mrl/generation/decoder.py): given HF's draw (`multinomial`) and the same seed it draws exactly
+the tokens HF `generate` draws, for every family it claims, through the whole turn loop, with adapters and under
+autocast; its own draw (`inverse_cdf`) samples the same distribution; and what it cannot run is refused by name or left
+to HF `generate`."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import pytest
 import torch
 from conftest import scale_logits
 
-from mrl.config import UserError
-from mrl.decoder import (
+from mrl.chat.protocols import Tool, WordsProtocol
+from mrl.core.config import UserError
+from mrl.core.episode import Prompt
+from mrl.generation.decoder import (
     DecodeRequest,
     NativeDecoder,
     inverse_cdf,
@@ -21,9 +23,15 @@ from mrl.decoder import (
     skinny_linears,
     unsupported,
 )
-from mrl.episode import Prompt
-from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import ROLLOUT_ENGINES, Sampling, auto_decode, generate, hf_decode, native_decode, prompt_cache
+from mrl.generation.rollout import (
+    ROLLOUT_ENGINES,
+    Sampling,
+    auto_decode,
+    generate,
+    hf_decode,
+    native_decode,
+    prompt_cache,
+)
 
 CPU = torch.device("cpu")
 PAD, STOP = 0, 1
@@ -171,9 +179,9 @@ def test_adapters_act_in_native_decode():
 
 
 def test_native_decode_computes_under_the_models_autocast():
-    """A model wrapped by mrl.precision.compute_in (bf16 autocast) decodes under that autocast: its projections
+    """A model wrapped by mrl.modeling.precision.compute_in (bf16 autocast) decodes under that autocast: its projections
     compute in bf16, and its tokens are HF generate's under the same autocast, greedy and sampled, with a cache."""
-    from mrl.precision import Precision, compute_in
+    from mrl.modeling.precision import Precision, compute_in
 
     model = compute_in(family_model("llama"), Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
     for sampling in (Sampling(12, greedy=True), Sampling(12, temperature=0.9)):
@@ -297,7 +305,7 @@ def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
     and no adapter's wrapper."""
     from peft import LoraConfig, get_peft_model
 
-    from mrl.precision import Precision, compute_in
+    from mrl.modeling.precision import Precision, compute_in
 
     model = family_model("llama", hidden_size=64, intermediate_size=4096)
     mlps = [layer.mlp for layer in model.model.layers]
@@ -325,7 +333,7 @@ def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
 def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_rows(monkeypatch):
     """The MLP formula is written out (its projections by skinny_linear) for a family's own MLP class without hooks:
     an MLP with a hook is called, and its hook runs.  Past SKINNY_MAX_ROWS rows a projection is the module's call."""
-    import mrl.decoder
+    import mrl.generation.decoder
 
     model = family_model("llama", hidden_size=64, intermediate_size=4096)
     mlps = [layer.mlp for layer in model.model.layers]
@@ -337,16 +345,16 @@ def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_ro
     greedy = Sampling(4, greedy=True)
     assert torch.equal(draw(native_decode, model, greedy), draw(hf_decode, model, greedy)) and seen
     spied = []
-    monkeypatch.setattr(mrl.decoder, "skinny_linear", lambda linear, x: spied.append(x.shape) or linear(x))
+    monkeypatch.setattr(mrl.generation.decoder, "skinny_linear", lambda linear, x: spied.append(x.shape) or linear(x))
     up = mlps[1].up_proj
-    decoder._project(up, torch.randn(mrl.decoder.SKINNY_MAX_ROWS + 1, 64))
+    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MAX_ROWS + 1, 64))
     assert spied == []
     decoder._project(up, torch.randn(8, 1, 64))
     assert spied == [(8, 1, 64)]
 
 
 def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():
-    from mrl.decoder import draw_for
+    from mrl.generation.decoder import draw_for
 
     assert draw_for(torch.device("cpu")) is inverse_cdf and NativeDecoder(family_model("llama")).draw is inverse_cdf
     assert draw_for(torch.device("cuda")) is multinomial and draw_for(torch.device("meta")) is multinomial

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrl import distributed as dist
-from mrl.advantages import first_live, gdpo_advantages
+from mrl.algo.advantages import first_live, gdpo_advantages
 from mrl.cli import strip_launcher_args
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.core import distributed as dist
+from mrl.runs.tracking import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dp_worker.py"
@@ -117,8 +117,8 @@ def test_the_deepspeed_launcher_argument_is_dropped():
 
 
 def test_validation_refuses_a_batch_that_does_not_split_and_plain_pytorch_under_a_launcher(make_cfg, monkeypatch):
-    from mrl.config import UserError
-    from mrl.validation import validate
+    from mrl.core.config import UserError
+    from mrl.train.validation import validate
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UserError, match=r"prompts_per_step=3 does not split over 2 ranks.*multiple of 2"):
@@ -232,7 +232,7 @@ def test_sigterm_to_the_launcher_stops_both_ranks_after_a_checkpointed_step(tmp_
     import signal
     import time
 
-    from mrl.rundir import latest_checkpoint
+    from mrl.runs.rundir import latest_checkpoint
 
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
@@ -298,7 +298,7 @@ def test_a_channel_failing_on_every_sample_on_two_ranks_checkpoints_the_last_com
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000001"
 
 
-# ---- how a distributed run ends (mrl.distributed.finish) -------------------------------------------------------
+# ---- how a distributed run ends (mrl.core.distributed.finish) -------------------------------------------------------
 
 class FakeGroup:
     """torch.distributed's calls that `finish` makes, recorded in order; `barrier_fails`: a peer is gone."""
@@ -477,7 +477,7 @@ SFT_TINY = ["logger=none", "trainer.device=cpu", "sft.steps=2", "sft.batch_size=
 def test_mrl_sft_on_two_ranks_is_the_one_process_sft_and_exits_0_under_both_launchers(tmp_path):
     """The global batch split over two ranks (each its 2 of the 4 demonstrations, the token count global) gives the
     one-process weights; torchrun and DeepSpeed's launcher both end with exit 0."""
-    from mrl.restore import trained_weights
+    from mrl.runs.restore import trained_weights
 
     one = subprocess.run([sys.executable, "-m", "mrl", "sft", "deepspeed=zero2", *SFT_TINY,
                           f"hydra.run.dir={tmp_path / 'one'}"], cwd=tmp_path, capture_output=True, text=True,

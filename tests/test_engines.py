@@ -1,16 +1,16 @@
-"""The rollout-engine seam (mrl.rollout.RolloutEngine): the HF engine behind it samples what `generate` samples, and
-another engine, registered by name, trains without a change to the loop."""
+"""The rollout-engine seam (mrl.generation.rollout.RolloutEngine): the HF engine behind it samples what `generate`
+samples, and another engine, registered by name, trains without a change to the loop."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mrl.episode import Episode, Prompt
-from mrl.loop import train
-from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import ROLLOUT_ENGINES, HFEngine, Rollouts, Sampling, generate
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.chat.protocols import Tool, WordsProtocol
+from mrl.core.episode import Episode, Prompt
+from mrl.generation.rollout import ROLLOUT_ENGINES, HFEngine, Rollouts, Sampling, generate
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 CPU = torch.device("cpu")
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention")

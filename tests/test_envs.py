@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from mrl.tracking import METRICS_FILE, read_metrics
-from mrl.validation import validate
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.validation import validate
 
 TEST_CONF = Path(__file__).resolve().parent / "conf"
 
 
 def test_an_environment_is_one_module_and_one_yaml(make_cfg, tmp_path):
     """tests/parity_env.py and tests/conf/rewards/parity.yaml, on Hydra's search path: `rewards=parity` trains."""
-    from mrl.loop import train
+    from mrl.train.loop import train
 
     cfg = make_cfg(f"hydra.searchpath=[file://{TEST_CONF}]", "rewards=parity", "algo=gdpo")
     validate(cfg)
@@ -42,7 +42,7 @@ def test_no_environment_is_split_across_folders():
     a variant preset: the environment it varies)."""
     from omegaconf import OmegaConf
 
-    from mrl.config import CONF_DIR
+    from mrl.core.config import CONF_DIR
 
     variants = {"agent_triple_binding": "agent_triple"}  # agent_triple with an uncomputable share
     for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):

@@ -18,10 +18,16 @@ import torch
 from conftest import compose_config
 from matplotlib.figure import Figure
 
-from mrl.collect import Scored
-from mrl.config import UserError
-from mrl.episode import Episode, Prompt, ToolCall
-from mrl.evaluate import (
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt, ToolCall
+from mrl.envs.task import build_task, episode_protocol
+from mrl.generation.rollout import Rollouts, Sampling, generate
+from mrl.modeling.models import resolve_model_path
+from mrl.runs.report import make_report
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.runs.trust import run_config, with_moved_targets
+from mrl.train.collect import Scored
+from mrl.train.evaluate import (
     HeldOut,
     eval_metrics,
     nonempty_held_out,
@@ -30,17 +36,10 @@ from mrl.evaluate import (
     pass_at_k,
     pass_ks,
     prompt_records,
-    run_config,
     summarize,
-    with_moved_targets,
 )
-from mrl.loop import train
-from mrl.models import resolve_model_path
-from mrl.report import make_report
-from mrl.rollout import Rollouts, Sampling, generate
-from mrl.tasks import build_task, episode_protocol
-from mrl.tracking import METRICS_FILE, read_metrics
-from mrl.validation import validate
+from mrl.train.loop import train
+from mrl.train.validation import validate
 
 CPU = torch.device("cpu")
 MRL = [sys.executable, "-m", "mrl.cli"]
@@ -118,7 +117,7 @@ def test_eval_of_a_run_with_overrides_of_its_config(trained_run, tmp_path):
 
 
 def test_a_run_saved_before_environments_moved_to_mrl_envs_is_read_with_their_homes_today(trained_run, tmp_path):
-    """A config.yaml naming mrl.tasks.<env> and mrl.rewards.<env> (runs saved before 2026-12-03) is read with
+    """A config.yaml naming mrl.envs.task.<env> and mrl.rewards.<env> (runs saved before 2026-12-03) is read with
     mrl.envs.<env>'s names: its task and channels build, the allow-list accepts it, and `mrl eval` scores it."""
     run = tmp_path / "old"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval.json"))
@@ -331,7 +330,7 @@ def test_an_evaluation_drawing_from_the_training_rng_would_change_the_stream(eva
     def shared_rng(seed, device):
         yield
 
-    monkeypatch.setattr("mrl.evaluate.separate_rng", shared_rng)  # what held_out_metrics draws under
+    monkeypatch.setattr("mrl.train.evaluate.separate_rng", shared_rng)  # what held_out_metrics draws under
     train(compose_config(*EVAL_RUN, "trainer.eval_every=2", "trainer.max_steps=1"), tmp_path)
     changed = training_curve(read_metrics(tmp_path / METRICS_FILE))
     assert changed[0] != training_curve(read_metrics(eval_runs["without"] / METRICS_FILE))[0]

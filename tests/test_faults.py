@@ -26,13 +26,13 @@ import torch
 from conftest import compose_config
 from omegaconf import OmegaConf, open_dict
 
-from mrl.checkpoint import CheckpointError, latest_checkpoint, rng_state, set_rng_state
-from mrl.config import UserError
-from mrl.loop import train
-from mrl.report import ReportError, make_report
+from mrl.core.config import UserError
 from mrl.rewards.channels import RewardError
-from mrl.rundir import CHECKPOINTS, LOCK_FILE, MANIFEST, Interrupted, RunDirLock, check_run_dir, checkpoint_problem
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.checkpoint import CheckpointError, latest_checkpoint, rng_state, set_rng_state
+from mrl.runs.report import ReportError, make_report
+from mrl.runs.rundir import CHECKPOINTS, LOCK_FILE, MANIFEST, Interrupted, RunDirLock, check_run_dir, checkpoint_problem
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 MRL = [sys.executable, "-m", "mrl.cli"]
 TINY = ["trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=4", "trainer.max_new_tokens=4",
@@ -157,7 +157,7 @@ def test_no_intact_checkpoint_is_one_clear_error(run):
 
 def forge(checkpoint: Path, change) -> None:
     """Change a checkpoint's files and seal it again, as whoever hands over a run dir can."""
-    from mrl.rundir import seal_checkpoint
+    from mrl.runs.rundir import seal_checkpoint
 
     identity = json.loads((checkpoint / MANIFEST).read_text())["run"]
     change(checkpoint)
@@ -193,8 +193,8 @@ def test_a_forged_checkpoint_is_one_line_from_every_command(change, problem, run
     from typer.testing import CliRunner
 
     from mrl.cli import app
-    from mrl.evaluate import evaluate
-    from mrl.export import export
+    from mrl.runs.export import export
+    from mrl.train.evaluate import evaluate
 
     (run / ".hydra").mkdir()
     (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(config()))  # what `mrl train` writes
@@ -280,9 +280,9 @@ def test_sigterm_while_generating_checkpoints_the_last_completed_step(run):
 
 
 def test_sigterm_during_the_update_finishes_the_step_first(run, monkeypatch, capfd):
-    import mrl.loop
+    import mrl.train.loop
 
-    real_update, calls = mrl.loop.update, []
+    real_update, calls = mrl.train.loop.update, []
 
     def update(*args, **kwargs):  # the weights are mid-update: the signal must wait
         calls.append(1)
@@ -290,7 +290,7 @@ def test_sigterm_during_the_update_finishes_the_step_first(run, monkeypatch, cap
             os.kill(os.getpid(), signal.SIGTERM)
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(mrl.loop, "update", update)
+    monkeypatch.setattr(mrl.train.loop, "update", update)
     with pytest.raises(Interrupted):
         train(resume_cfg("trainer.max_steps=8"), run)
     assert steps(run) == [1, 2, 3, 4]  # step 4 finished, logged and saved, step 5 never began
@@ -301,16 +301,16 @@ def test_sigterm_during_the_update_finishes_the_step_first(run, monkeypatch, cap
 def test_a_crash_after_the_update_saves_no_checkpoint_of_weights_that_moved_on(run, monkeypatch):
     """A crash while step 5 is logged, its update done: saving those weights as step 4's would resume step 5's
     data on weights that already learned from it.  Nothing is saved; step 3's checkpoint stands."""
-    import mrl.loop
+    import mrl.train.loop
 
-    real_log_step = mrl.loop.log_step
+    real_log_step = mrl.train.loop.log_step
 
     def log_step(cfg, run_, step, metrics, collected):
         if step == 5:
             raise OSError(errno.EIO, "metrics.jsonl: input/output error")
         real_log_step(cfg, run_, step, metrics, collected)
 
-    monkeypatch.setattr(mrl.loop, "log_step", log_step)
+    monkeypatch.setattr(mrl.train.loop, "log_step", log_step)
     with pytest.raises(OSError, match="input/output error"):
         train(resume_cfg("trainer.max_steps=8"), run)
     assert steps(run) == [1, 2, 3, 4]
@@ -320,7 +320,7 @@ def test_a_crash_after_the_update_saves_no_checkpoint_of_weights_that_moved_on(r
 # ---- disk full ---------------------------------------------------------------------------------------------------
 
 def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint(run, monkeypatch):
-    from mrl.trainable import Trainable
+    from mrl.modeling.trainable import Trainable
 
     def no_space(self, directory):
         (directory / "optimizer.pt").write_bytes(b"half a file")
@@ -341,7 +341,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_previous_checkpoint
 
 # ---- one process per run dir, and no start that clobbers one ----------------------------------------------------
 
-HOLDER = ("import sys, time; from pathlib import Path; from mrl.rundir import RunDirLock; "
+HOLDER = ("import sys, time; from pathlib import Path; from mrl.runs.rundir import RunDirLock; "
           "RunDirLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(600)")
 
 
@@ -458,9 +458,9 @@ def test_sigterm_to_mrl_train_checkpoints_and_a_second_trainer_is_refused_meanwh
 
 KILLED_MID_SAVE = """
 import pathlib, sys, time
-import mrl.checkpoint
+import mrl.runs.checkpoint
 
-real, marker = mrl.checkpoint.seal_checkpoint, pathlib.Path(sys.argv[1])  # `mrl train` rewrites sys.argv
+real, marker = mrl.runs.checkpoint.seal_checkpoint, pathlib.Path(sys.argv[1])  # `mrl train` rewrites sys.argv
 
 def seal(directory, identity):  # step 4's files are written: stop here, before its manifest and rename
     if directory.name.startswith(".step_000004"):
@@ -468,7 +468,7 @@ def seal(directory, identity):  # step 4's files are written: stop here, before 
         time.sleep(600)
     real(directory, identity)
 
-mrl.checkpoint.seal_checkpoint = seal
+mrl.runs.checkpoint.seal_checkpoint = seal
 from mrl.cli import app
 sys.argv = ["mrl", *sys.argv[2:]]
 app()

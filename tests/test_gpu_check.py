@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import compose_config
 
-from mrl.config import TinyModelSpec
-from mrl.loop import train
-from mrl.models import resolve_model_path, tiny_model_dir
+from mrl.core.config import TinyModelSpec
+from mrl.modeling.models import resolve_model_path, tiny_model_dir
+from mrl.train.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")

@@ -18,11 +18,11 @@ import pytest
 from test_bfcl_agent import entry, play, scripted
 from test_protocols import TEMPLATES, build_chat_model
 
-from mrl import bounded
+from mrl.chat.protocols import CHARS_PER_TOKEN, _cut_to, read_call
+from mrl.core import safe_json
 from mrl.envs.bfcl_agent import BfclAgentTask, gym, scores
 from mrl.envs.tool_call import parse_call
-from mrl.models import load_tokenizer
-from mrl.protocols import CHARS_PER_TOKEN, _cut_to, read_call
+from mrl.modeling.models import load_tokenizer
 
 DEEP = '{"name": "ls", "arguments": ' + "[" * 1000  # the issue's `<tool_call>[[[[...`
 DIGITS = '{"name": "add", "arguments": {"a": ' + "9" * 4301 + ', "b": 1}}'
@@ -181,9 +181,9 @@ def test_bounded_check_is_iterative_at_any_depth():
     value: list = []
     for _ in range(100_000):
         value = [value]
-    assert bounded.check(value) == "is nested deeper than 32 levels"
-    assert bounded.check({"a": [1, 2 ** 60]}, max_int=2 ** 53) == "has an integer beyond 9007199254740992"
-    assert bounded.check({"a": [1, 2 ** 50]}, max_int=2 ** 53) is None
+    assert safe_json.check(value) == "is nested deeper than 32 levels"
+    assert safe_json.check({"a": [1, 2 ** 60]}, max_int=2 ** 53) == "has an integer beyond 9007199254740992"
+    assert safe_json.check({"a": [1, 2 ** 50]}, max_int=2 ** 53) is None
 
 
 # ------------------------------------------------------------------------------------ worlds are isolated

@@ -10,12 +10,12 @@ import time
 import pytest
 from conftest import has_bwrap
 
-from mrl.config import UserError
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt
 from mrl.envs import code as code_task
 from mrl.envs import humaneval
 from mrl.envs.code import PassRate
 from mrl.envs.humaneval import HumanEvalTask, grade, load_problems, problem_tests, program
-from mrl.episode import Episode, Prompt
 from mrl.sandbox import run_tests, run_tests_many
 
 SANDBOX = "bwrap" if has_bwrap() else "process"  # the process sandbox grades the same way (test_sandbox.py)

@@ -55,8 +55,8 @@ def test_every_function_level_mrl_import_says_why():
 
 def test_the_import_check_sees_a_silent_import(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    x = 1\n    from mrl.loop import train\n    return train\n\n\n"
-                      "def g():\n    # start-up time: torch\n    from mrl.loop import train\n"
+    module.write_text("def f():\n    x = 1\n    from mrl.train.loop import train\n    return train\n\n\n"
+                      "def g():\n    # start-up time: torch\n    from mrl.train.loop import train\n"
                       "    from mrl import rollout\n")
     lines = module.read_text().splitlines()
     assert [(n, says_why(lines, n)) for n, _ in function_level_imports(module)] == [(3, False), (9, True), (10, True)]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from conftest import compose_config
 
-from mrl.loop import train
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import compose_config
 
-import mrl.local_models
-from mrl.config import UserError
-from mrl.local_models import ARCHITECTURES, SMOLLM2_DIR, build_random_init, is_built, smollm2_gguf
-from mrl.models import ModelLoadError, load_causal_lm, resolve_model_path
+import mrl.modeling.local_models
+from mrl.core.config import UserError
+from mrl.modeling.local_models import ARCHITECTURES, SMOLLM2_DIR, build_random_init, is_built, smollm2_gguf
+from mrl.modeling.models import ModelLoadError, load_causal_lm, resolve_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 # A shrunken architecture: the test builds, saves and loads the real classes in a second.
@@ -58,7 +58,7 @@ def test_missing_package_says_make_smollm2(monkeypatch):
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(mrl.local_models.metadata, "distribution", not_installed)
+    monkeypatch.setattr(mrl.modeling.local_models.metadata, "distribution", not_installed)
     with pytest.raises(UserError, match="make smollm2"):
         smollm2_gguf()
 

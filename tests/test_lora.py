@@ -13,16 +13,16 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-import mrl.loop
-from mrl.config import UserError
-from mrl.evaluate import evaluate
-from mrl.export import export
-from mrl.loop import train
-from mrl.lora import load_policy
-from mrl.models import Actor, cache_kwarg, checkpointed, load_causal_lm, resolve_model_path
-from mrl.restore import merged_policy, trained_weights
-from mrl.tracking import METRICS_FILE, read_metrics
-from mrl.trainable import OPTIMIZER_FILE
+import mrl.train.loop
+from mrl.core.config import UserError
+from mrl.modeling.lora import load_policy
+from mrl.modeling.models import Actor, cache_kwarg, checkpointed, load_causal_lm, resolve_model_path
+from mrl.modeling.trainable import OPTIMIZER_FILE
+from mrl.runs.export import export
+from mrl.runs.restore import merged_policy, trained_weights
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.evaluate import evaluate
+from mrl.train.loop import train
 
 CPU = torch.device("cpu")
 # lr 1e-2: adapters move enough in two steps for the merged model to differ visibly from the base.
@@ -68,14 +68,14 @@ def lora_run(tmp_path_factory):
     """Two GRPO steps with LoRA and KL on, checkpointed after each; the loop's own actor and reference captured."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
     built = {}
-    original = mrl.loop.build_models
+    original = mrl.train.loop.build_models
 
     def capture(*args, **kwargs):
         built["models"] = original(*args, **kwargs)
         return built["models"]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(mrl.loop, "build_models", capture)
+        patch.setattr(mrl.train.loop, "build_models", capture)
         train_run(run_dir, *LORA, "trainer.save_every=1")
     _, actor, _, reference = built["models"]
     return run_dir, actor, reference
@@ -318,17 +318,17 @@ def test_gradient_checkpointing_reaches_the_adapters():
 
 def test_a_half_precision_device_loads_the_frozen_base_in_half(monkeypatch):
     """On a GPU with model.dtype=bfloat16 (emulated on CPU here), only the adapters need float32 masters."""
-    import mrl.lora
-    import mrl.models
-    import mrl.trainable
-    from mrl.precision import DTYPES, Precision
-    from mrl.trainable import Trainable
+    import mrl.modeling.lora
+    import mrl.modeling.models
+    import mrl.modeling.trainable
+    from mrl.modeling.precision import DTYPES, Precision
+    from mrl.modeling.trainable import Trainable
 
     def gpu_like(dtype: str, device: torch.device) -> Precision:
         wanted = DTYPES[dtype]
         return Precision(compute=None if wanted == torch.float32 else wanted, export=wanted)
 
-    for module in (mrl.trainable, mrl.lora, mrl.models):
+    for module in (mrl.modeling.trainable, mrl.modeling.lora, mrl.modeling.models):
         monkeypatch.setattr(module, "precision_for", gpu_like)
     cfg = compose_config("model.dtype=bfloat16", "model.lora.r=4")
     policy = load_policy(cfg.model, resolve_model_path(cfg.model), CPU)

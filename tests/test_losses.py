@@ -1,4 +1,4 @@
-"""Unit tests for mrl/losses.py.  Every expected value is worked out by hand in the comments."""
+"""Unit tests for mrl/algo/losses.py.  Every expected value is worked out by hand in the comments."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import mrl.losses
-from mrl.losses import (
+import mrl.algo.losses
+from mrl.algo.losses import (
     aggregate,
     clipped_surrogate,
     entropy_from_logits,
@@ -256,7 +256,7 @@ def chunked_scores(monkeypatch, chunk: int, entropy_grad: bool):
     """token_logprobs at LOGIT_CHUNK=`chunk` on a fixed random problem (N=3, T=5, H=8, V=11, temperature 0.7),
     backward through 2 * log-probs + 3 * entropies -> (log-probs, entropies, d hidden, d head weight, rows the
     head saw per call, whether the entropy carried gradients)."""
-    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", chunk)
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 11)
     hidden = torch.randn(3, 5, 8, requires_grad=True)
@@ -305,7 +305,7 @@ def linear_scores(monkeypatch, chunk: int, dtype=torch.float32, frozen: bool = F
     """linear_token_logprobs at LOGIT_CHUNK=`chunk` on a fixed problem (N=3, T=5, H=8, V=11, temperature 0.7),
     backward through a weighted sum of the log-probs (uneven weights, one of them 0) -> (log-probs, entropies,
     d hidden, d weight)."""
-    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", chunk)
     torch.manual_seed(0)
     weight = torch.randn(11, 8, dtype=dtype, requires_grad=not frozen)
     hidden = torch.randn(3, 5, 8, dtype=dtype, requires_grad=True)
@@ -339,7 +339,7 @@ def test_linear_token_logprobs_equal_full_logits_values_and_gradients(monkeypatc
 
 
 def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
-    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", 2 * 5)  # 2 positions a chunk
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", 2 * 5)  # 2 positions a chunk
     torch.manual_seed(1)
     hidden = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
@@ -353,7 +353,7 @@ def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatc
     backward, which autograd runs outside autocast, must recompute them in bf16 too: confident tokens (p near 1)
     have a gradient g * (1 - p) that a float32 recomputation against the bf16 log-normalizer turns into noise.
     token_logprobs' checkpointed chunks restore autocast when they recompute: both ways must agree."""
-    monkeypatch.setattr(mrl.losses, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", chunk)
 
     def run(way):
         torch.manual_seed(0)

@@ -10,9 +10,9 @@ from conftest import compose_config, scale_logits
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from mrl import models
-from mrl.config import TinyModelSpec, UserError
-from mrl.models import (
+from mrl.core.config import TinyModelSpec, UserError
+from mrl.modeling import models
+from mrl.modeling.models import (
     SPECIAL_TOKENS,
     TASK_WORDS,
     Actor,
@@ -193,7 +193,7 @@ def test_actor_logits_and_log_probs_are_the_models_own(model_type, head):
     torch.testing.assert_close(logits, expected)
     Actor(model).check_logits()  # the load-time check agrees
     # a linear output layer (a constant multiplier folded into the temperature) is scored by
-    # mrl.losses.linear_token_logprobs, a soft-capped one through Actor.logits
+    # mrl.algo.losses.linear_token_logprobs, a soft-capped one through Actor.logits
     assert (Actor(model).plain_output_weight() is None) == ("final_logit_softcapping" in head)
     # kept position k of the last 4 scores targets[:, k]
     manual = torch.log_softmax(expected[:, -4:-1], -1).gather(2, ids[:, -3:, None]).squeeze(-1)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mrl.algo.losses import aggregate, clipped_surrogate
+from mrl.chat.protocols import Tool, WordsProtocol
+from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
-from mrl.episode import Episode, Prompt, ToolCall
-from mrl.losses import aggregate, clipped_surrogate
-from mrl.models import Actor, load_causal_lm, resolve_model_path
-from mrl.protocols import Tool, WordsProtocol
-from mrl.rollout import (
+from mrl.generation.rollout import (
     SHARED_PREFIX_MIN,
     Rollouts,
     Sampling,
@@ -25,7 +24,8 @@ from mrl.rollout import (
     prompt_layout,
     shared_prefix_length,
 )
-from mrl.update import policy_forward
+from mrl.modeling.models import Actor, load_causal_lm, resolve_model_path
+from mrl.train.update import policy_forward
 
 CPU = torch.device("cpu")
 PAD, EOS = 0, 1
@@ -320,7 +320,7 @@ def test_policy_forward_reads_observations_as_generation_did(model, tokenizer):
 def test_a_shared_prompt_cache_samples_what_a_pass_per_rollout_samples(model, tokenizer, monkeypatch):
     """generate() computes each prompt once and copies its cache to the group's rows, every turn; with the same
     seed the episodes are token for token those of a run that computes every row's prompt itself."""
-    import mrl.rollout
+    import mrl.generation.rollout
 
     tools = {"calc": Tool("calc", fn=lambda prompt, arguments: "| |")}
     protocol = WordsProtocol(tokenizer, tools, tuple(str(d) for d in range(10)), 3)
@@ -331,7 +331,7 @@ def test_a_shared_prompt_cache_samples_what_a_pass_per_rollout_samples(model, to
         return generate(model, tokenizer, prompts, 4, Sampling(10), protocol, CPU)
 
     shared = sample()
-    monkeypatch.setattr(mrl.rollout, "prompt_cache", lambda *args: None)
+    monkeypatch.setattr(mrl.generation.rollout, "prompt_cache", lambda *args: None)
     alone = sample()
     assert sum(len(e.tool_calls) for e in shared.episodes) > 0  # later turns were generated too
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention"):
@@ -382,13 +382,13 @@ def test_a_shared_prefix_is_computed_once_and_caches_what_each_prompt_would(mode
 def test_a_shared_prefix_changes_no_token_generated(model, tokenizer, monkeypatch):
     """generate() with the shared prefix computed once gives, row by row, the prompt tokens, the greedy completions
     and masks that it gives when every prompt is computed whole."""
-    import mrl.rollout
+    import mrl.generation.rollout
 
     tools = {"calc": Tool("calc", fn=lambda prompt, arguments: "| |")}
     protocol = WordsProtocol(tokenizer, tools, tuple(str(d) for d in range(10)), 3)
     prompts = [Prompt(f"{LONG_PREFIX} {rest}") for rest in ("max 2 9 =", "7", "add 3 4 =")]
     shared = generate(model, tokenizer, prompts, 2, Sampling(10, greedy=True), protocol, CPU)
-    monkeypatch.setattr(mrl.rollout, "shared_prefix_length", lambda rows: 0)
+    monkeypatch.setattr(mrl.generation.rollout, "shared_prefix_length", lambda rows: 0)
     whole = generate(model, tokenizer, prompts, 2, Sampling(10, greedy=True), protocol, CPU)
     assert not torch.equal(shared.prompt_mask, whole.prompt_mask)  # a different layout: padding after the prefix
     for row in range(len(prompts) * 2):
@@ -415,12 +415,12 @@ def test_greedy_generation_picks_the_trainers_most_likely_token(model, tokenizer
 
 
 def recording_decode(log: dict):
-    """A decode (mrl.rollout.native_decode) that records, for every token it draws, the log-probability the sampler
-    drew it with: log (probabilities after the warpers)[token], keyed by the row's whole context (its unpadded ids
-    before the token) and the token, so that it can be looked up from a finished episode whatever the row order of a
+    """A decode (mrl.generation.rollout.native_decode) that records, for every token it draws, the log-probability the
+    sampler drew it with: log (probabilities after the warpers)[token], keyed by the row's whole context (its unpadded
+    ids before the token) and the token, so that it can be looked up from a finished episode whatever the row order of a
     turn."""
-    from mrl.decoder import inverse_cdf
-    from mrl.rollout import native_decode
+    from mrl.generation.decoder import inverse_cdf
+    from mrl.generation.rollout import native_decode
 
     def decode(model, request, sampling):
         steps = []

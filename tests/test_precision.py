@@ -11,16 +11,16 @@ import torch.nn.functional as F
 from conftest import compose_config
 from safetensors import safe_open
 
-import mrl.models
-import mrl.trainable
-from mrl.checkpoint import latest_checkpoint
-from mrl.config import UserError
-from mrl.loop import train
-from mrl.models import Actor, load_causal_lm, resolve_model_path
-from mrl.precision import DTYPES, Precision, cast_state, compute_in, precision_for
-from mrl.restore import trained_weights
-from mrl.tracking import METRICS_FILE, read_metrics
-from mrl.trainable import OPTIMIZER_FILE, Trainable, deepspeed_config
+import mrl.modeling.models
+import mrl.modeling.trainable
+from mrl.core.config import UserError
+from mrl.modeling.models import Actor, load_causal_lm, resolve_model_path
+from mrl.modeling.precision import DTYPES, Precision, cast_state, compute_in, precision_for
+from mrl.modeling.trainable import OPTIMIZER_FILE, Trainable, deepspeed_config
+from mrl.runs.checkpoint import latest_checkpoint
+from mrl.runs.restore import trained_weights
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 CPU = torch.device("cpu")
 LR = 1e-6  # a real model's learning rate: an update far below bf16's resolution of a weight
@@ -52,8 +52,8 @@ def half_compute_on_cpu(monkeypatch):
         wanted = DTYPES[dtype]
         return Precision(compute=None if wanted == torch.float32 else wanted, export=wanted)
 
-    monkeypatch.setattr(mrl.trainable, "precision_for", gpu_like)
-    monkeypatch.setattr(mrl.models, "precision_for", gpu_like)
+    monkeypatch.setattr(mrl.modeling.trainable, "precision_for", gpu_like)
+    monkeypatch.setattr(mrl.modeling.models, "precision_for", gpu_like)
 
 
 def test_policy_by_device(monkeypatch):

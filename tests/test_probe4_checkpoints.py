@@ -25,12 +25,12 @@ from omegaconf import OmegaConf
 from test_faults import forge
 from test_sft import compose_sft
 
-from mrl.config import UserError
-from mrl.evaluate import run_config
-from mrl.export import export
-from mrl.restore import adapter_base, trained_weights
-from mrl.rundir import checkpoint_problem, intact_checkpoint
-from mrl.sft import sft
+from mrl.core.config import UserError
+from mrl.runs.export import export
+from mrl.runs.restore import adapter_base, trained_weights
+from mrl.runs.rundir import checkpoint_problem, intact_checkpoint
+from mrl.train.evaluate import run_config
+from mrl.train.sft import sft
 
 STEP = "checkpoints/step_000001"
 LORA = ["model.lora.r=4", "model.lora.alpha=8"]

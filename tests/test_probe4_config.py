@@ -14,12 +14,12 @@ from omegaconf import OmegaConf
 from test_sft import compose_sft, weights_of
 from test_validation import mrl, one_line
 
-from mrl import fits
-from mrl.config import UserError
-from mrl.evaluate import evaluate
-from mrl.loop import train
-from mrl.sft import sft, start_sft
-from mrl.validation import validate
+from mrl.core.config import UserError
+from mrl.modeling import fits
+from mrl.train.evaluate import evaluate
+from mrl.train.loop import train
+from mrl.train.sft import sft, start_sft
+from mrl.train.validation import validate
 
 # The probe's payloads: key=value -> the key the one-line refusal names.
 PAYLOADS = {

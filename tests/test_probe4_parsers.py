@@ -9,11 +9,11 @@ import time
 import pytest
 from test_protocols import TEMPLATES, build_chat_model
 
-from mrl.chat_template import MAX_LAYOUTS, inspect_template
+from mrl.chat.chat_template import MAX_LAYOUTS, inspect_template
+from mrl.chat.protocols import split_calls, split_turn, strip_thinking
+from mrl.core.episode import Episode, Prompt
 from mrl.envs import calc_agent
-from mrl.episode import Episode, Prompt
-from mrl.models import load_tokenizer
-from mrl.protocols import split_calls, split_turn, strip_thinking
+from mrl.modeling.models import load_tokenizer
 
 N = 32_000  # the probe's 32k unclosed openers
 PAYLOADS = {  # name -> (parse, text of n repeats)
@@ -54,7 +54,7 @@ def test_probe4_split_calls_keeps_its_answers():
 def test_probe4_an_answer_too_long_for_int_scores_zero():
     prompt = Prompt(text="add 3 4 =", meta={"a": 3, "b": 4, "target": 7})
     call = calc_agent.CALC
-    from mrl.episode import ToolCall
+    from mrl.core.episode import ToolCall
 
     for answer, correct in (("9" * 4301, 0.0), ("-" + "7" * 5000, 0.0), ("7", 1.0)):
         episode = Episode(prompt=prompt, completion="", completion_ids=[], num_tokens=1, truncated=False,

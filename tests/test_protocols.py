@@ -1,5 +1,5 @@
-"""Tool protocols (mrl/protocols.py) on a tiny Llama with a real byte-level BPE tokenizer, trained here, offline, on a
-few sentences, and tool-aware chat templates written for these tests: multi-token tool names and stop strings,
+"""Tool protocols (mrl/chat/protocols.py) on a tiny Llama with a real byte-level BPE tokenizer, trained here, offline,
+on a few sentences, and tool-aware chat templates written for these tests: multi-token tool names and stop strings,
 template checks (prefix preservation, a Qwen3-like template that drops <think> blocks, a history-dependent one),
 masks, ids trained on = ids sampled, invalid calls, results cut to the budget, chat_template_kwargs, the sampling
 settings override, and samples.jsonl.
@@ -20,16 +20,16 @@ import torch
 from conftest import compose_config
 from transformers import GenerationConfig
 
-from mrl.chat_template import CALL_CLOSE, inspect_template
-from mrl.config import UserError
+from mrl.chat.chat_template import CALL_CLOSE, inspect_template
+from mrl.chat.protocols import ChatProtocol, Tool, WordsProtocol
+from mrl.chat.stops import END_OF_TURN, Stops, first_stop
+from mrl.core.config import UserError
+from mrl.core.episode import Prompt, ToolCall, agent_metrics
 from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
-from mrl.episode import Prompt, ToolCall, agent_metrics
-from mrl.loop import train
-from mrl.models import load_causal_lm, load_tokenizer
-from mrl.protocols import ChatProtocol, Tool, WordsProtocol
-from mrl.rollout import Rollouts, Sampling, StopStrings, generate
-from mrl.stops import END_OF_TURN, Stops, first_stop
-from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.generation.rollout import Rollouts, Sampling, StopStrings, generate
+from mrl.modeling.models import load_causal_lm, load_tokenizer
+from mrl.runs.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.train.loop import train
 
 CPU = torch.device("cpu")
 SPECIALS = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
@@ -399,7 +399,7 @@ def test_sampling_ignores_the_models_generation_config(cfg, tokenizer, tmp_path)
     sampled: the rollouts equal those of the same weights without it, though HF generate alone would use it."""
     import shutil
 
-    from mrl.models import resolve_model_path
+    from mrl.modeling.models import resolve_model_path
 
     clean_dir = resolve_model_path(cfg.model)
     tuned_dir = tmp_path / "tuned"

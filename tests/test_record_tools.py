@@ -8,13 +8,13 @@ import json
 import pytest
 from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model fixtures
 
-from mrl.config import UserError
-from mrl.data import DatasetTask, record_messages, record_tools, records_to_prompts
+from mrl.chat.protocols import ChatProtocol, Tool, split_calls
+from mrl.core.config import UserError
+from mrl.core.data import DatasetTask, record_messages, record_tools, records_to_prompts
+from mrl.core.episode import Prompt, ToolCall
 from mrl.envs.calc_agent import CalcAgent
+from mrl.envs.task import DatasetPrompts
 from mrl.envs.tool_call import ToolCallTask
-from mrl.episode import Prompt, ToolCall
-from mrl.protocols import ChatProtocol, Tool, split_calls
-from mrl.tasks import DatasetPrompts
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

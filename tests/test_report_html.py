@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mrl.report import Run, find_runs, make_report, report_figure, write_html_report
-from mrl.tracking import METRICS_FILE
+from mrl.runs.report import Run, find_runs, make_report, report_figure, write_html_report
+from mrl.runs.tracking import METRICS_FILE
 
 RUNS = [("grpo", 0), ("grpo", 1), ("gdpo", 0)]
 LABELS = ["grpo/seed0", "grpo/seed1", "gdpo/seed0"]

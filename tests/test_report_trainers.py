@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from mrl.cli import app
-from mrl.report import (
+from mrl.core.stats import HELD, NOT_RESOLVED, seed_band
+from mrl.runs.report import (
     ReportError,
     Run,
     diagnostic_panels,
@@ -25,8 +26,7 @@ from mrl.report import (
     trainers,
     verdict_rows,
 )
-from mrl.stats import HELD, NOT_RESOLVED, seed_band
-from mrl.tracking import METRICS_FILE
+from mrl.runs.tracking import METRICS_FILE
 
 
 def test_seed_band_is_the_mean_and_standard_error_per_step_over_the_seeds_that_logged_it():
@@ -151,6 +151,6 @@ def test_report_png_a_colour_per_algo_a_dash_per_seed_the_band_and_the_legend_ou
 def test_the_examples_in_mrl_stats_hold():
     import doctest
 
-    import mrl.stats
+    import mrl.core.stats
 
-    assert doctest.testmod(mrl.stats).failed == 0
+    assert doctest.testmod(mrl.core.stats).failed == 0

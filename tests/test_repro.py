@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrl.report import moving_average
 from mrl.repro.collapse import all_binary_groups, count_distinct, distinct_groups
 from mrl.repro.common import overall
+from mrl.runs.report import moving_average
 
 
 def test_all_binary_groups_enumerates_every_assignment():

@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from mrl.config import CONF_DIR
+from mrl.core.config import CONF_DIR
 from mrl.repro import warm
 from mrl.repro.common import HELD, NOT_HELD, NOT_RESOLVED, combined_verdict, mean_se, two_se_verdict
 
@@ -76,7 +76,7 @@ def fake_checkpoint(run_dir: Path, step: int, payload: bytes = b"weights") -> No
     import torch
     from safetensors.torch import save_file
 
-    from mrl.rundir import CHECKPOINTS, STATE_FILE, seal_checkpoint
+    from mrl.runs.rundir import CHECKPOINTS, STATE_FILE, seal_checkpoint
 
     checkpoint = run_dir / CHECKPOINTS / f"step_{step:06d}"
     (checkpoint / "policy").mkdir(parents=True)
@@ -111,8 +111,8 @@ class FakeMrl:
                      [{"step": 0, "eval/accuracy": 0.0}, {"step": 1, "sft/loss": 0.5}, {"step": 2, **self.start}])
             fake_checkpoint(run_dir, 2)
             return
-        from mrl.rundir import intact_checkpoint
-        from mrl.warm_start import lineage
+        from mrl.runs.rundir import intact_checkpoint
+        from mrl.runs.warm_start import lineage
 
         sweep, source = Path(arg(args, "hydra.sweep.dir")), Path(arg(args, "trainer.init_from"))
         sha = lineage(intact_checkpoint(source, "test"))["policy_sha256"]
@@ -135,7 +135,7 @@ def fake_outcomes(run_dir: Path, step: int, final: dict, records: int = 10, samp
     """held_out/step_<step>.jsonl as mrl writes it, for `final`'s numbers: of `records` records, the first
     round(value x records) score 1 on a channel (greedy: eval/accuracy and eval/format/mean; each of the `samples`
     sampled episodes: eval/<channel>/mean@<samples>), the rest 0."""
-    from mrl.evaluate import outcomes_path
+    from mrl.train.evaluate import outcomes_path
 
     def value(key: str, i: int) -> float | None:
         return None if key not in final else float(i < round(final[key] * records))
@@ -287,7 +287,7 @@ def expand(overrides: tuple[str, ...]) -> list[list[str]]:
 
 
 def composed(config: str, overrides: list[str]):
-    from mrl.validation import validate
+    from mrl.train.validation import validate
 
     plain = [o for o in overrides if not o.startswith("hydra.")]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
@@ -301,8 +301,8 @@ def composed(config: str, overrides: list[str]):
 def test_every_command_of_the_plan_composes(target, scale, monkeypatch):
     import importlib
 
-    from mrl import models
-    from mrl import warm_start as warm_start_module
+    from mrl.modeling import models
+    from mrl.runs import warm_start as warm_start_module
 
     monkeypatch.setenv("MODEL", "/models/Qwen3-0.6B")
     if scale == "gpu" or not (SMOLLM2 / "config.json").exists():
@@ -395,8 +395,8 @@ def test_paper_bfcl_end_to_end_on_smollm2(reports, monkeypatch):
 
 def test_eval_at_start_false_skips_only_step_zero(make_cfg, tmp_path):
     """Runs from one warm start repeat its evaluation at step 0 (greedy, the same weights): skipped, the rest kept."""
-    from mrl.loop import train
-    from mrl.tracking import METRICS_FILE, read_metrics
+    from mrl.runs.tracking import METRICS_FILE, read_metrics
+    from mrl.train.loop import train
 
     train(make_cfg("trainer.eval_every=1", "trainer.eval_prompts=2", "trainer.eval_at_start=false"), tmp_path)
     records = read_metrics(tmp_path / METRICS_FILE)

@@ -14,11 +14,11 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from torch.testing import assert_close
 
-from mrl.advantages import ESTIMATORS
-from mrl.config import RewardsConfig, UserError
+from mrl.algo.advantages import ESTIMATORS
+from mrl.core.config import RewardsConfig, UserError
+from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.envs.agent_triple import AgentTriple, Correctness, Efficiency, Safety, read_answer
-from mrl.episode import Episode, Prompt, ToolCall
-from mrl.models import tiny_vocab
+from mrl.modeling.models import tiny_vocab
 from mrl.rewards.channels import ChannelSpec, OverlongPenalty, RewardError, RewardSet, build_reward_set
 
 MAX_37 = Prompt("max 3 7 =", {"op": "max", "digits": [3, 7], "target": 7})
@@ -485,11 +485,11 @@ def worst_episodes(max_new: int, max_turns: int) -> list[Episode]:
 @pytest.mark.parametrize("max_new,max_turns,max_tool", BUDGETS)
 def test_a_gated_or_vetoed_episode_never_scores_better_than_a_real_one(max_new, max_turns, max_tool, model,
                                                                         tokenizer):
-    """agent_triple's efficiency gate is derived from the budget (mrl.config.worst_token_cost): on real episodes
+    """agent_triple's efficiency gate is derived from the budget (mrl.core.config.worst_token_cost): on real episodes
     sampled at that budget (the protocol cuts tool results to max_tool_tokens) and on the costliest ones written by
     hand, every gated channel's gated_value is at most the channel's lowest real value."""
-    from mrl.rollout import Sampling, generate
-    from mrl.tasks import build_task, episode_protocol
+    from mrl.envs.task import build_task, episode_protocol
+    from mrl.generation.rollout import Sampling, generate
 
     cfg = compose_config("algo=gdpo_conditioned", f"trainer.max_new_tokens={max_new}",
                          f"rewards.task.max_turns={max_turns}", f"trainer.max_tool_tokens={max_tool}")

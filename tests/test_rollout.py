@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from mrl.episode import Episode, Prompt
-from mrl.models import Actor, load_causal_lm, resolve_model_path
-from mrl.protocols import WordsProtocol
-from mrl.rollout import Rollouts, Sampling, generate, position_ids
-from mrl.update import policy_forward
+from mrl.chat.protocols import WordsProtocol
+from mrl.core.episode import Episode, Prompt
+from mrl.generation.rollout import Rollouts, Sampling, generate, position_ids
+from mrl.modeling.models import Actor, load_causal_lm, resolve_model_path
+from mrl.train.update import policy_forward
 
 CPU = torch.device("cpu")
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
@@ -139,8 +139,8 @@ def test_concat_pads_completions_to_min_width():
 
 
 def test_lockstep_batch_grows_to_the_largest_ranks_rows_and_width(monkeypatch):
-    from mrl import distributed as dist
-    from mrl.collect import lockstep_batch
+    from mrl.core import distributed as dist
+    from mrl.train.collect import lockstep_batch
 
     # This rank holds 2 rollouts 1 token wide; the largest rank holds 3 rows 2 tokens wide.
     monkeypatch.setattr(dist, "max_over_ranks", lambda value: {2: 3, 1: 2}[value])
@@ -259,8 +259,8 @@ def test_decode_texts_are_the_tokenizers_own_decodes(tokenizer, tmp_path, monkey
     spaces (which transformers does after the Rust decode) keeps its own decode."""
     from test_protocols import CORPUS, build_chat_model
 
-    from mrl.models import load_tokenizer
-    from mrl.rollout import decode_texts
+    from mrl.generation.rollout import decode_texts
+    from mrl.modeling.models import load_tokenizer
 
     bpe = load_tokenizer(str(build_chat_model(tmp_path / "bpe", "")))
     for tok in (tokenizer, bpe):

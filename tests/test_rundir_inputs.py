@@ -15,12 +15,11 @@ from conftest import compose_config
 from typer.testing import CliRunner
 
 from mrl.cli import app
-from mrl.config import UserError
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt
 from mrl.envs.code import is_empty
-from mrl.episode import Episode, Prompt
-from mrl.evaluate import check_counts, run_config
-from mrl.export import export
-from mrl.rundir import (
+from mrl.runs.export import export
+from mrl.runs.rundir import (
     LATEST,
     LOCK_FILE,
     MANIFEST,
@@ -32,8 +31,10 @@ from mrl.rundir import (
     run_identity,
     seal_checkpoint,
 )
-from mrl.tracking import MetricsFile, read_metrics
-from mrl.validation import validate
+from mrl.runs.tracking import MetricsFile, read_metrics
+from mrl.runs.trust import run_config
+from mrl.train.evaluate import check_counts
+from mrl.train.validation import validate
 
 MRL = [sys.executable, "-m", "mrl"]
 
@@ -186,10 +187,10 @@ SHELL = "import os; os.system('touch /tmp/owned')"
     (lambda c: c["rewards"]["task"].update({"hook": {"_target_": "mrl.sandbox.run_tests", "code": SHELL,
                                                      "sandbox": "process"}}),
      "names _target_ 'mrl.sandbox.run_tests' at rewards.task.hook, where a run's config names no code"),
-    (lambda c: c["rewards"]["task"].update({"path": {"_target_": "mrl.rundir.Path", "_args_": ["/tmp/owned"]}}),
-     "names _target_ 'mrl.rundir.Path' at rewards.task.path, where a run's config names no code"),
-    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.rundir.atomic_write_text", "text": SHELL}),
-     "names _target_ 'mrl.rundir.atomic_write_text' at rewards.task, not one of mrl's own tasks and channels"),
+    (lambda c: c["rewards"]["task"].update({"path": {"_target_": "mrl.runs.rundir.Path", "_args_": ["/tmp/owned"]}}),
+     "names _target_ 'mrl.runs.rundir.Path' at rewards.task.path, where a run's config names no code"),
+    (lambda c: c["rewards"]["task"].update({"_target_": "mrl.runs.rundir.atomic_write_text", "text": SHELL}),
+     "names _target_ 'mrl.runs.rundir.atomic_write_text' at rewards.task, not one of mrl's own tasks and channels"),
     (lambda c: c["rewards"]["task"].update({"_target_": "mrl.envs.code.os.system"}),
      "names _target_ 'mrl.envs.code.os.system' at rewards.task, not one of mrl's own tasks"),
     (lambda c: c["model"].update({"chat_template_kwargs": {"x": {"_target_": "mrl.envs.code.CodeTask"}}}),
@@ -214,7 +215,7 @@ def test_a_run_dir_from_elsewhere_names_only_mrls_own_tasks_and_channels(tmp_pat
 def test_every_shipped_rewards_config_passes_the_allow_list(tmp_path):
     from omegaconf import OmegaConf
 
-    from mrl.config import CONF_DIR
+    from mrl.core.config import CONF_DIR
 
     for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
         run = tmp_path / path.stem
@@ -236,7 +237,7 @@ def test_metrics_lines_of_wrong_shape_name_the_line(tmp_path, line, why):
 
 
 def test_report_draws_a_run_whose_metrics_name_a_pass_at_k_that_is_no_number(tmp_path):
-    from mrl.report import Run, eval_panels
+    from mrl.runs.report import Run, eval_panels
 
     run = Run("a", tmp_path, [{"step": 0, "eval/pass@abc": 1.0, "eval/pass@2": 0.5, "eval/pass@1": 0.25,
                                "eval/pass@" + "9" * 5000: 1.0}])

@@ -325,7 +325,7 @@ def test_process_sandbox_runs_and_grades_the_same_way():
 
 
 def test_missing_bwrap_refuses_in_one_line(monkeypatch):
-    from mrl.config import UserError
+    from mrl.core.config import UserError
     from mrl.sandbox import SandboxUnavailable, launcher
 
     monkeypatch.setattr(launcher.shutil, "which", lambda name: None)

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import has_bwrap
 
+from mrl.core.episode import Episode, Prompt
 from mrl.envs.code import TINY_WRAP, BugRatio, PassRate
-from mrl.episode import Episode, Prompt
 from mrl.sandbox import SandboxLimits, run_tests
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,8 +18,8 @@ import pytest
 from conftest import has_bwrap
 from test_sandbox_escapes import UNDO
 
+from mrl.core.episode import Episode, Prompt
 from mrl.envs.code import TINY_WRAP, PassRate
-from mrl.episode import Episode, Prompt
 from mrl.sandbox import SandboxLimits, TestOutcome, run_tests
 from mrl.sandbox.launcher import tmpfs_sizes
 

@@ -1,7 +1,7 @@
-"""`mrl sft` and the warm start (mrl/sft.py, mrl/demonstrations.py, mrl/warm_start.py): the assistant-only mask by
-hand, demonstrations that are the ids a rollout holds and that the environment's own channels score as solved, the
-train split only, the loss by hand, exact resume, `trainer.init_from` loading exactly the checkpoint's weights, and
-the two stages end to end on the tiny model."""
+"""`mrl sft` and the warm start (mrl/train/sft.py, mrl/train/demonstrations.py, mrl/runs/warm_start.py): the
+assistant-only mask by hand, demonstrations that are the ids a rollout holds and that the environment's own channels
+score as solved, the train split only, the loss by hand, exact resume, `trainer.init_from` loading exactly the
+checkpoint's weights, and the two stages end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from hydra import compose, initialize_config_dir
 from test_protocols import TEMPLATES as CHAT_TEMPLATES
 from test_protocols import Scripted, build_chat_model, encode
 
-from mrl.chat_template import CALL_CLOSE
-from mrl.config import CONF_DIR, UserError
-from mrl.demonstrations import conversation, play, reply_turns, task_demonstrations
+from mrl.chat.chat_template import CALL_CLOSE
+from mrl.chat.protocols import ChatProtocol, ProtocolSettings, chat_protocol
+from mrl.core.config import CONF_DIR, UserError
+from mrl.core.episode import Demonstration, Prompt, Reply
 from mrl.envs.calc_agent import CalcAgent
-from mrl.episode import Demonstration, Prompt, Reply
-from mrl.models import load_tokenizer
-from mrl.protocols import ChatProtocol, ProtocolSettings, chat_protocol
+from mrl.generation.rollout import Sampling, generate
+from mrl.modeling.models import load_tokenizer
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import Sampling, generate
-from mrl.sft import batch_of, cut_to_length, sft, sft_loss
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.demonstrations import conversation, play, reply_turns, task_demonstrations
+from mrl.train.sft import batch_of, cut_to_length, sft, sft_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -115,7 +115,7 @@ def round_trip(tokenizer, overrides: list[str]) -> tuple[int, list]:
     """Every demonstration of the task played and scored by its reward set: (count, the ones not solved)."""
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    from mrl.tasks import build_task, episode_protocol
+    from mrl.envs.task import build_task, episode_protocol
 
     task = build_task(cfg)
     protocol = episode_protocol(cfg, tokenizer, task)
@@ -143,7 +143,7 @@ def test_generator_demonstrations_are_solved_episodes_in_chat(hermes, rewards):
 
 @pytest.mark.parametrize("rewards", ["agent_triple", "tool_call"])
 def test_generator_demonstrations_are_solved_episodes_in_the_tiny_models_words(rewards):
-    from mrl.models import resolve_model_path
+    from mrl.modeling.models import resolve_model_path
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["logger=none"])
@@ -209,7 +209,7 @@ def test_a_bad_conversation_record_is_one_line_naming_it(record, says):
 def test_the_sft_loss_is_the_token_mean_nll_of_the_written_tokens_by_the_models_own_logits(hermes):
     """policy_forward's chunked scoring over a batch of two played rows equals log_softmax of the model's own logits
     at the written positions, averaged over written tokens only."""
-    from mrl.models import Actor, load_causal_lm
+    from mrl.modeling.models import Actor, load_causal_lm
 
     task = CalcAgent(seed=0, fewshot=0)
     protocol = ChatProtocol(hermes, task.tools, max_turns=task.max_turns)
@@ -217,7 +217,7 @@ def test_the_sft_loss_is_the_token_mean_nll_of_the_written_tokens_by_the_models_
     model = load_causal_lm(hermes.name_or_path, compose_sft().model, CPU)
     actor = Actor(model).eval()
     batch = batch_of(rows, hermes.pad_token_id, CPU)
-    from mrl.update import policy_forward
+    from mrl.train.update import policy_forward
 
     with torch.no_grad():
         logprobs, _, _ = policy_forward(actor, batch)
@@ -233,7 +233,7 @@ def test_the_sft_loss_is_the_token_mean_nll_of_the_written_tokens_by_the_models_
 
 
 def test_a_demonstration_over_the_limit_is_cut_with_one_warning_naming_it(capsys):
-    from mrl.demonstrations import Played
+    from mrl.train.demonstrations import Played
 
     episode = None
     rows = [Played("short", [1, 2], [3, 4], [1, 1], episode), Played("bfcl_7", [1, 2, 3, 4], [5, 6, 7, 8], [1, 0, 1, 1],
@@ -247,7 +247,7 @@ def test_a_demonstration_over_the_limit_is_cut_with_one_warning_naming_it(capsys
 # ---- runs: resume, warm start -----------------------------------------------------------------------------------
 
 def weights_of(checkpoint: Path) -> dict[str, torch.Tensor]:
-    from mrl.restore import trained_weights
+    from mrl.runs.restore import trained_weights
 
     return trained_weights(checkpoint)
 
@@ -265,9 +265,9 @@ def test_a_resumed_sft_run_equals_an_uninterrupted_one(tmp_path):
 
 
 def test_init_from_loads_exactly_the_checkpoints_weights(tmp_path):
-    from mrl.advantages import ESTIMATORS
-    from mrl.loop import build_models
-    from mrl.restore import merged_policy
+    from mrl.algo.advantages import ESTIMATORS
+    from mrl.runs.restore import merged_policy
+    from mrl.train.loop import build_models
 
     source = tmp_path / "sft"
     sft(compose_sft(), source)
@@ -292,7 +292,7 @@ def test_init_from_loads_exactly_the_checkpoints_weights(tmp_path):
 
 
 def test_init_from_a_path_without_a_checkpoint_is_refused_in_one_line(tmp_path):
-    from mrl.validation import validate
+    from mrl.train.validation import validate
 
     with pytest.raises(UserError, match="trainer.init_from=.*neither a checkpoint nor a run dir"):
         validate(compose_sft("stage=rl", f"trainer.init_from={tmp_path}"))
@@ -330,7 +330,7 @@ def test_a_users_own_task_returns_plain_demonstrations(hermes):
 
 
 def test_the_report_draws_sft_then_rl_as_one_held_out_curve(tmp_path):
-    from mrl.report import find_runs
+    from mrl.runs.report import find_runs
 
     sft_dir, rl_dir, other = tmp_path / "sft", tmp_path / "rl", tmp_path / "other"
     for run_dir, lines in ((sft_dir, [{"step": 0, "eval/accuracy": 0.0}, {"step": 40, "sft/loss": 0.3,
@@ -349,10 +349,10 @@ def test_the_report_draws_sft_then_rl_as_one_held_out_curve(tmp_path):
 
 
 def test_mrl_sft_on_your_own_conversations_trains_on_their_train_split_only(hermes, tmp_path):
-    from mrl.data import split_train_eval
-    from mrl.models import load_tokenizer
-    from mrl.sft import conversation_rows
-    from mrl.validation import validate
+    from mrl.core.data import split_train_eval
+    from mrl.modeling.models import load_tokenizer
+    from mrl.train.sft import conversation_rows
+    from mrl.train.validation import validate
 
     path = tmp_path / "conversations.jsonl"
     records = [{**TWO_TURNS, "messages": [*TWO_TURNS["messages"][:1], {"role": "user", "content": f"add {i} 4"},
@@ -370,7 +370,7 @@ def test_mrl_sft_on_your_own_conversations_trains_on_their_train_split_only(herm
 
 
 def test_an_sft_batch_that_does_not_split_over_the_ranks_is_one_line(monkeypatch):
-    from mrl.validation import validate
+    from mrl.train.validation import validate
 
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(UserError, match="sft.batch_size=4 does not split over 3 ranks"):

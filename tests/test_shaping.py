@@ -1,10 +1,10 @@
-"""mrl/shaping.py: conditions (GDPO Eq. 8), violations, vetoes and drops, on values worked out by hand."""
+"""mrl/algo/shaping.py: conditions (GDPO Eq. 8), violations, vetoes and drops, on values worked out by hand."""
 
 import torch
 from test_rewards import hand_batch  # [1, 4, 3]: (correctness, efficiency, safety) of 4 rollouts
 from torch.testing import assert_close
 
-from mrl.shaping import condition, drop, veto, violations
+from mrl.algo.shaping import condition, drop, veto, violations
 
 NAN = float("nan")
 

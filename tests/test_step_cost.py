@@ -10,12 +10,12 @@ from conftest import compose_config
 from test_decoder import PAD, draw, family_model
 from test_update import GradCapture
 
-from mrl import decoder as decoder_module
-from mrl.decoder import inverse_cdf
-from mrl.losses import aggregate, clipped_surrogate
-from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
-from mrl.rollout import Rollouts, Sampling, native_decode
-from mrl.update import UpdateBatch, micro_batches, policy_forward, update
+from mrl.algo.losses import aggregate, clipped_surrogate
+from mrl.generation import decoder as decoder_module
+from mrl.generation.decoder import inverse_cdf
+from mrl.generation.rollout import Rollouts, Sampling, native_decode
+from mrl.modeling.models import Actor, load_causal_lm, position_ids, resolve_model_path
+from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
 
 G, T = 3, 5
 PROMPT_LENGTHS = [4, 2, 3]  # per group, in a prompt width of 5: one column every row pads

@@ -12,15 +12,15 @@ import pytest
 from conftest import compose_config
 
 import mrl.envs.code as code_env
-import mrl.loop
+import mrl.train.loop
+from mrl.core.episode import Episode, Prompt
 from mrl.envs.code import TINY_WRAP, BugRatio, CodeTask, Length, PassRate, program
 from mrl.envs.math_length import AnswerCorrect, LengthLimit, MathLengthTask, last_number
+from mrl.envs.task import build_task, held_out_prompts
 from mrl.envs.tool_call import OP_TO_TOOL, TOOL_PARAMS, Correctness, Format, ToolCallTask, parse_call
-from mrl.episode import Episode, Prompt
-from mrl.loop import train
 from mrl.rewards.channels import ChannelSpec, RewardSet, build_reward_set
-from mrl.tasks import build_task, held_out_prompts
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 
 def episode(prompt: Prompt, completion: str, num_tokens: int = 3, max_new_tokens: int = 10) -> Episode:
@@ -259,7 +259,7 @@ def test_code_markdown_fence_is_stripped_without_wrap():
 
 
 def test_code_wrap_replaces_only_its_placeholder_and_a_prefix_is_completed():
-    from mrl.config import UserError
+    from mrl.core.config import UserError
 
     braces = Prompt("keys", meta={"tests": ["f(1) == {'k': 1}"], "wrap": "def f(x):\n    return {'k': {completion}}\n"})
     assert program(episode(braces, " x ")) == "def f(x):\n    return {'k': x}\n"  # str.format raised on `{'k'`
@@ -347,7 +347,7 @@ def test_data_path_feeds_the_run_only_from_the_file(tmp_path, monkeypatch):
         task.prompt = recorded
         return task
 
-    monkeypatch.setattr(mrl.loop, "build_task", recording_build_task)
+    monkeypatch.setattr(mrl.train.loop, "build_task", recording_build_task)
     cfg = compose_config(f"data.path={data}")
     final = train(cfg, tmp_path / "run")
     assert math.isfinite(final["loss/policy"])
@@ -403,8 +403,8 @@ def test_code_cache_clearing_keeps_the_batch_scorable():
 
 
 def test_calc_agent_prompts_tool_and_channels():
+    from mrl.core.episode import ToolCall
     from mrl.envs.calc_agent import CalcAgent, Correctness, Format
-    from mrl.episode import ToolCall
 
     task = CalcAgent(seed=3, fewshot=1)
     p = task.prompt(0)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import ALGOS
 
-from mrl.checkpoint import latest_checkpoint
-from mrl.loop import train
-from mrl.models import load_causal_lm, resolve_model_path
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.modeling.models import load_causal_lm, resolve_model_path
+from mrl.runs.checkpoint import latest_checkpoint
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.loop import train
 
 REQUIRED_KEYS = [
     "step", "reward/correctness/mean", "reward/correctness/std", "reward/efficiency/mean", "reward/safety/mean",
@@ -51,8 +51,8 @@ def test_ppo_value_head_and_kl_reference(make_cfg, tmp_path):
 
 
 def test_top_k_top_p_train_with_kl_entropy_and_a_second_epoch_finite(make_cfg, tmp_path):
-    # The loss scores the truncated distribution (mrl.losses.truncate): no -inf log-prob reaches the ratio, the KL or
-    # the entropy, on the second epoch either (the moved policy may drop a sampled token from its own top-k).
+    # The loss scores the truncated distribution (mrl.algo.losses.truncate): no -inf log-prob reaches the ratio, the KL
+    # or the entropy, on the second epoch either (the moved policy may drop a sampled token from its own top-k).
     final = train(make_cfg("algo=grpo", "trainer.top_k=5", "trainer.top_p=0.9", "algo.kl_coef=0.05",
                            "algo.kl_mode=loss", "algo.entropy_coef=0.01", "algo.epochs=2"), tmp_path)
     for key in ("loss/policy", "loss/total", "kl", "entropy", "policy/approx_kl", "grad_norm"):
@@ -204,7 +204,7 @@ def test_on_error_drop_counts_and_goes_on(make_cfg, tmp_path):
 
 
 def test_a_new_run_never_appends_to_an_existing_run_dir(make_cfg, tmp_path):
-    from mrl.config import UserError
+    from mrl.core.config import UserError
 
     train(make_cfg(), tmp_path)
     before = (tmp_path / METRICS_FILE).read_text()

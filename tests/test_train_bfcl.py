@@ -13,11 +13,11 @@ import pytest
 from conftest import compose_config, makefile_overrides
 from hydra import compose, initialize_config_dir
 
-from mrl.config import CONF_DIR
-from mrl.loop import train
+from mrl.core.config import CONF_DIR
 from mrl.repro import train_bfcl
-from mrl.sft import sft
-from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.train.loop import train
+from mrl.train.sft import sft
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
@@ -52,7 +52,7 @@ def test_the_two_stages_compose_on_the_same_task_and_evaluation(sft_settings, rl
 
 
 def test_train_bfcl_scores_every_held_out_record():
-    from mrl.tasks import build_task
+    from mrl.envs.task import build_task
 
     cfg = compose_config(*stage_overrides("rl"), shrink=False)
     assert cfg.trainer.eval_prompts == len(build_task(cfg).split.eval) == 78
@@ -90,7 +90,7 @@ def test_a_short_train_bfcl_pipeline_logs_held_out_accuracy_at_every_stage(tmp_p
 def write_stage(run_dir: Path, steps: range, step_s: float, step: int, solved: int, records: int = 20) -> None:
     """What an mrl stage leaves: metrics.jsonl (each step's perf/step_s, an evaluation at `step`) and that
     evaluation's outcomes, the first `solved` of `records` right on every sampled episode (format always 1)."""
-    from mrl.evaluate import outcomes_path
+    from mrl.train.evaluate import outcomes_path
 
     run_dir.mkdir(parents=True, exist_ok=True)
     share = {"eval/accuracy": solved / records, "eval/format/mean": 1.0, "eval/correctness/mean@4": solved / records,

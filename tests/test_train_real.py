@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import compose_config, makefile_overrides
 
-from mrl.loop import train
-from mrl.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, SAMPLES_FILE, read_metrics
+from mrl.train.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "smollm2-135m-instruct"

@@ -8,8 +8,8 @@ import torch
 from conftest import compose_config
 from torch import nn
 
-from mrl.precision import Precision
-from mrl.trainable import clear_stale_build_locks, deepspeed_config, param_groups, skip_shm_comm_op
+from mrl.modeling.precision import Precision
+from mrl.modeling.trainable import clear_stale_build_locks, deepspeed_config, param_groups, skip_shm_comm_op
 
 FP32 = Precision(compute=None, export=torch.float32)
 

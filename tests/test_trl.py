@@ -1,5 +1,6 @@
-"""A TRL user's reward functions and datasets, unchanged (mrl.rewards.trl, mrl.data), and every mistake of their first
-ten minutes refused in one line before anything is written (mrl.rewards.targets, mrl.overrides, the Hub checks)."""
+"""A TRL user's reward functions and datasets, unchanged (mrl.rewards.trl, mrl.core.data), and every mistake of their
+first ten minutes refused in one line before anything is written (mrl.rewards.targets, mrl.overrides, the Hub
+checks)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ import trl_style_rewards as trl_fns
 import yaml
 from conftest import compose_config
 
-from mrl import data, models
-from mrl.config import UserError
-from mrl.data import DatasetTask, conversation_messages, conversation_prompt, load_records, records_to_prompts
-from mrl.demonstrations import conversation
-from mrl.episode import Episode, Prompt
-from mrl.loop import train
+from mrl.core import data
+from mrl.core.config import UserError
+from mrl.core.data import DatasetTask, conversation_messages, conversation_prompt, load_records, records_to_prompts
+from mrl.core.episode import Episode, Prompt
+from mrl.envs.task import build_task
+from mrl.modeling import models
 from mrl.overrides import check_groups, expand_resume
 from mrl.rewards.channels import ChannelSpec, RewardSet
 from mrl.rewards.targets import locate
 from mrl.rewards.trl import TrlReward, trl_inputs
-from mrl.tasks import build_task
-from mrl.tracking import run_labels, trl_key
-from mrl.validation import validate
+from mrl.runs.tracking import run_labels, trl_key
+from mrl.train.demonstrations import conversation
+from mrl.train.loop import train
+from mrl.train.validation import validate
 
 TESTS = Path(__file__).resolve().parent
 SEARCH = f"hydra.searchpath=[file://{TESTS / 'conf'}]"

@@ -1,8 +1,8 @@
-"""The update phase (mrl.update.update) on a hand-built batch: its gradient against the loss written out by hand.
+"""The update phase (mrl.train.update.update) on a hand-built batch: its gradient against the loss written out by hand.
 
 AdamW's first step ignores the loss's scale, so "the weights moved" cannot see a wrong denominator, a wrong sign or
-a wrong bound; the gradient can.  A stand-in for mrl.trainable.Trainable records the gradient at each optimizer step
-instead of stepping, and the expected gradient comes from one plain forward of the whole batch (the model's own
+a wrong bound; the gradient can.  A stand-in for mrl.modeling.trainable.Trainable records the gradient at each optimizer
+step instead of stepping, and the expected gradient comes from one plain forward of the whole batch (the model's own
 logits, log-softmax, the formulas below), float64 so that the comparison is tight.  Then what the real optimizer
 does with it: the entropy bonus raises the entropy, KL in the loss pulls toward the reference, and clipping binds
 on a second epoch.
@@ -16,16 +16,17 @@ import pytest
 import torch
 from conftest import compose_config
 
-from mrl.models import Actor, load_causal_lm, position_ids, resolve_model_path
-from mrl.rollout import Rollouts
-from mrl.update import UpdateBatch, micro_loss, policy_forward, update
+from mrl.generation.rollout import Rollouts
+from mrl.modeling.models import Actor, load_causal_lm, position_ids, resolve_model_path
+from mrl.train.update import UpdateBatch, micro_loss, policy_forward, update
 
 N, P, T = 6, 3, 5
 LENGTHS = [5, 2, 4, 1, 3, 5]  # generated tokens per rollout: unequal, so seq_mean and token_mean differ
 
 
 class GradCapture:
-    """mrl.trainable.Trainable's contract for `update`: records the gradient at each step instead of stepping."""
+    """mrl.modeling.trainable.Trainable's contract for `update`: records the gradient at each step instead of
+    stepping."""
 
     def __init__(self, module):
         self.module = module
@@ -124,7 +125,7 @@ def test_update_gradient_equals_the_hand_written_loss(policy, agg, micro, scale)
     largest = max(g.abs().max().item() for g in expected.values())
     assert largest > 1e-3  # the comparison could fail
     for name in expected:
-        # (the entropy is computed in float32, mrl.losses.entropy_from_logits: ~1e-7 relative)
+        # (the entropy is computed in float32, mrl.algo.losses.entropy_from_logits: ~1e-7 relative)
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6 * largest, msg=name)
 
 
@@ -153,8 +154,8 @@ def test_the_hand_batch_has_tokens_clipped_by_each_bound(policy):
 
 
 class GivenActor:
-    """An actor whose outputs are given, whatever the ids (mrl.models.Actor's contract for policy_forward: log-probs
-    [M, T], entropies [M, T], values [M, T + 1] or None)."""
+    """An actor whose outputs are given, whatever the ids (mrl.modeling.models.Actor's contract for policy_forward:
+    log-probs [M, T], entropies [M, T], values [M, T + 1] or None)."""
 
     def __init__(self, logprobs, entropy, values=None):
         self.outputs = logprobs, entropy, values
@@ -218,9 +219,9 @@ def test_micro_loss_is_the_number_worked_out_by_hand(agg, denom, head):
 
 
 def real_update(policy, *overrides: str, reference=None, advantages_scale: float = 0.0):
-    """Two optimizer steps (AdamW, mrl.trainable.Trainable) on the hand-built batch with zero advantages (unless
-    scaled): only the entropy bonus or the KL move the policy.  Returns the update's metrics sums."""
-    from mrl.trainable import Trainable
+    """Two optimizer steps (AdamW, mrl.modeling.trainable.Trainable) on the hand-built batch with zero advantages
+    (unless scaled): only the entropy bonus or the KL move the policy.  Returns the update's metrics sums."""
+    from mrl.modeling.trainable import Trainable
 
     cfg = compose_config("trainer.micro_batch_size=3", "trainer.lr=0.01", *overrides)
     batch, mask = hand_batch()

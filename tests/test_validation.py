@@ -1,4 +1,4 @@
-"""Every bad value gets one clear error before anything is written (mrl/validation.py).
+"""Every bad value gets one clear error before anything is written (mrl/train/validation.py).
 
 Most cases go through the Python API (`validate`, `train`), which runs the same checks as the CLI's preflight; a few
 go through `mrl train` in a subprocess, where the run dir and `.hydra/` are Hydra's to write."""
@@ -15,11 +15,11 @@ import pytest
 from conftest import ALGOS, REWARDS, compose_config
 from omegaconf import OmegaConf
 
-from mrl.config import UserError
-from mrl.evaluate import run_config
-from mrl.loop import train
+from mrl.core.config import UserError
 from mrl.rewards.channels import build_reward_set, configured_channels
-from mrl.validation import check_yaml_syntax, validate
+from mrl.train.evaluate import run_config
+from mrl.train.loop import train
+from mrl.train.validation import check_yaml_syntax, validate
 
 MRL = [sys.executable, "-m", "mrl.cli"]
 TINY = ["trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_size=2", "logger=none"]

@@ -2,7 +2,7 @@
 the stateful world an episode runs in), its reward channels, its grader and its demonstrations.
 `conf/rewards/<name>.yaml` names the task and the channels with `_target_`; nothing else refers to them.
 
-The generic parts stay elsewhere: what a task is and how a run builds one (mrl.tasks), a task's fixed train/eval
-split served as a stream (mrl.data.SplitPrompts), building and shaping channels (mrl.rewards.channels), and running
+The generic parts stay elsewhere: what a task is and how a run builds one (mrl.envs.task), a task's fixed train/eval
+split served as a stream (mrl.core.data.SplitPrompts), building and shaping channels (mrl.rewards.channels), and running
 code (mrl.sandbox).
 """

@@ -28,8 +28,8 @@ import random
 from itertools import zip_longest
 from typing import Any
 
-from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
-from mrl.protocols import Tool
+from mrl.chat.protocols import Tool
+from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 
 CALC, HACK = "calc", "hack"
 QUESTIONS = {"add": "What is ({}) mod 10?", "max": "What is the largest of {}?", "min": "What is the smallest of {}?"}
@@ -37,7 +37,7 @@ INSTRUCTION = "Reply with the digit alone, or call a tool."
 
 
 class AgentTriple:
-    record_fields = ("target",)  # what its channels read from a dataset record (mrl.tasks.check)
+    record_fields = ("target",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"add": lambda digits: sum(digits) % 10, "max": max, "min": min}
 
     def __init__(self, seed: int = 0, ops: tuple[str, ...] = ("add",), num_digits: int = 2, low: int = 0,
@@ -148,7 +148,7 @@ class Efficiency:
     """Minus the episode's token cost on its raw scale: tokens generated (end-of-sequence included) plus tokens
     read from tools, a tool result charged at most `max_call_tokens` (None: as read).  An episode that never answers
     costs at least the whole budget `max_new_tokens`.  Within a budget no episode costs more than
-    mrl.config.worst_token_cost, the gate agent_triple's preset pays (derived from the budget, not a constant).
+    mrl.core.config.worst_token_cost, the gate agent_triple's preset pays (derived from the budget, not a constant).
 
     With max_new_tokens=10: `0` -> -1.0; `hack 0` -> -2.0; `calc | | | | 0` -> -6.0; `<eos>` -> -10.0 (no answer).
     Its spread is many times correctness's: the source of scale dominance.

@@ -22,9 +22,9 @@ import random
 import re
 from typing import Any
 
+from mrl.chat.protocols import Tool
+from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.envs.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
-from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
-from mrl.protocols import Tool
 
 CALC = "calc"
 INTEGER = re.compile(r"-?\d+")
@@ -32,7 +32,7 @@ MAX_DIGITS = 40  # characters of an answer read as a number
 
 
 class CalcAgent:
-    record_fields = ("target", "a", "b")  # what its channels read from a dataset record (mrl.tasks.check)
+    record_fields = ("target", "a", "b")  # what its channels read from a dataset record (mrl.envs.task.check)
 
     def __init__(self, seed: int = 0, low: int = 10, high: int = 99, fewshot: int = 1, max_turns: int = 2):
         if not low <= high:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import random
 
-from mrl.config import UserError
-from mrl.episode import Episode, Prompt
+from mrl.core.config import UserError
+from mrl.core.episode import Episode, Prompt
 from mrl.sandbox import SandboxLimits, SandboxResult, check_sandbox, run_tests_many, sandbox_name
 from mrl.sandbox.programs import complete_function, unfence
 
@@ -32,7 +32,7 @@ PLACEHOLDER = "{completion}"
 
 
 class CodeTask:
-    record_fields = ("tests",)  # what its channels read from a dataset record (mrl.tasks.check)
+    record_fields = ("tests",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"+": lambda x, k: x + k, "*": lambda x, k: x * k}
 
     def __init__(self, seed: int = 0, num_tests: int = 3):

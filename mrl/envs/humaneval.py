@@ -50,9 +50,9 @@ import random
 import re
 import types
 
-from mrl.config import UserError
-from mrl.data import SplitPrompts
-from mrl.episode import Prompt
+from mrl.core.config import UserError
+from mrl.core.data import SplitPrompts
+from mrl.core.episode import Prompt
 from mrl.sandbox import MATH, SAFE_FUNCS, SandboxLimits, passes_if_every_probe_returns, run_tests, test_error
 from mrl.sandbox.programs import complete_function
 
@@ -340,7 +340,7 @@ def _prompt(problem: dict) -> Prompt:
 
 class HumanEvalTask:
     """HumanEval's problems as prompts: a fixed held-out split (the same for every seed: `eval_fraction` of the
-    problems, by task id), and the rest served by `prompt(index)`, reshuffled each epoch by `seed` (mrl.data
+    problems, by task id), and the rest served by `prompt(index)`, reshuffled each epoch by `seed` (mrl.core.data
     .SplitPrompts, as a dataset's).  A prompt's `text` is the problem's prompt (a completion continues it: the body),
     its `messages` ask for the whole function; meta carries tests, task_id, id, entry_point and prefix (the prompt),
     which mrl.envs.code.program completes."""

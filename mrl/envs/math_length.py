@@ -13,13 +13,13 @@ from __future__ import annotations
 import random
 import re
 
-from mrl.episode import Episode, Prompt
+from mrl.core.episode import Episode, Prompt
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class MathLengthTask:
-    record_fields = ("answer",)  # what its channels read from a dataset record (mrl.tasks.check)
+    record_fields = ("answer",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"max": max, "min": min}
     WORDS = {"max": "larger", "min": "smaller"}
 

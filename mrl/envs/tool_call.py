@@ -2,7 +2,7 @@
 
 Built-in generator, sized for the tiny model: prompt `add 3 7 =` asks for the call `calc 3 7` (add -> calc,
 max -> lookup).  Real data (`data.path=...`): each record has `prompt` and `call` = {"name": ..., "arguments":
-{...} or [...]}, and optionally `tools`: the record's tool declarations (mrl/data.py), or {tool name: [parameter
+{...} or [...]}, and optionally `tools`: the record's tool declarations (mrl/core/data.py), or {tool name: [parameter
 names]} (default: the called tool alone).  A dataset's episodes see the record's tools only, never calc and lookup.
 
 The tools are declared (JSON schemas) but never run: the call itself is graded.  The tiny model writes it out as
@@ -18,8 +18,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
-from mrl.protocols import Tool, read_call
+from mrl.chat.protocols import Tool, read_call
+from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 
 OP_TO_TOOL = {"add": "calc", "max": "lookup"}
 TOOL_PARAMS = {"calc": ["a", "b"], "lookup": ["a", "b"]}
@@ -29,7 +29,7 @@ INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"ty
 
 
 class ToolCallTask:
-    record_fields = ("call",)  # what its channels read from a dataset record (mrl.tasks.check)
+    record_fields = ("call",)  # what its channels read from a dataset record (mrl.envs.task.check)
 
     def __init__(self, seed: int = 0):
         self.seed = seed

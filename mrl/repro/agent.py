@@ -24,11 +24,11 @@ import statistics
 import time
 from pathlib import Path
 
-from mrl.evaluate import EVAL_OUTCOMES
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, Run, combined_verdict, markdown_table, write_summary
 from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdict_cells
-from mrl.rundir import CHECKPOINTS
+from mrl.runs.rundir import CHECKPOINTS
+from mrl.train.evaluate import EVAL_OUTCOMES
 
 NAME = "agent"
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]

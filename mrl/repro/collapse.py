@@ -11,7 +11,7 @@ import itertools
 
 import torch
 
-from mrl.advantages import gdpo_advantages, grpo_advantages
+from mrl.algo.advantages import gdpo_advantages, grpo_advantages
 from mrl.repro.common import REPORTS, markdown_table, write_csv, write_summary
 
 NAME = "collapse"
@@ -73,7 +73,8 @@ def main() -> None:
               "advantages; GDPO, normalizing each channel first, keeps more of them apart (GDPO paper, distinct "
               "advantage groups).",
         setup="`make repro-collapse` (`python -m mrl.repro.collapse`): every binary assignment of G rollouts x K "
-              "channels, advantages from `mrl.advantages.grpo_advantages` and `gdpo_advantages(batch_norm=False)`, "
+              "channels, advantages from `mrl.algo.advantages.grpo_advantages` and "
+              "`gdpo_advantages(batch_norm=False)`, "
               "groups equal when sorted advantages agree within 1e-4. No training.",
         numbers=table + "\n\n![distinct advantage groups](collapse.png)",
         verdict=("GDPO gives more distinct advantage groups than GRPO for every setting with K >= 2, and the "

@@ -16,8 +16,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mrl.stats import HELD, NOT_HELD, NOT_RESOLVED, mean_se, two_se_verdict  # noqa: F401 (the repros' names)
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.core.stats import HELD, NOT_HELD, NOT_RESOLVED, mean_se, two_se_verdict  # noqa: F401 (the repros' names)
+from mrl.runs.tracking import METRICS_FILE, read_metrics
 
 REPORTS = Path("reports")
 # SCALE=gpu: a real model; the rest of each target's config stays as it is.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import os
 
-from mrl.report import moving_average
 from mrl.repro import constraints_binding
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
+from mrl.runs.report import moving_average
 
 NAME = "constraints"
 # Four arms x 3 seeds x 500 steps: ~20 min on one shared CPU core.  The weights that are not outbid (1, 4) and the

@@ -9,7 +9,6 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mrl.report import moving_average
 from mrl.repro.common import (
     HELD,
     NOT_HELD,
@@ -23,6 +22,7 @@ from mrl.repro.common import (
     write_summary,
 )
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
+from mrl.runs.report import moving_average
 
 NAME = "constraints/binding"
 # 8 arms x 3 seeds x 300 steps, one arm (its 3 seeds in turn) per lane, all lanes at once, one thread per run:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from mrl.report import moving_average
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
+from mrl.runs.report import moving_average
 
 NAME = "dead-groups"
 STEPS, SEEDS = 400, "0,1"

@@ -15,19 +15,19 @@ import sys
 
 import torch
 
-from mrl.advantages import ESTIMATORS
-from mrl.config import CONF_DIR
-from mrl.models import load_causal_lm, resolve_model_path
+from mrl.algo.advantages import ESTIMATORS
+from mrl.core.config import CONF_DIR
+from mrl.modeling.models import load_causal_lm, resolve_model_path
 from mrl.repro.common import REPORTS, markdown_table, scale_overrides, write_csv, write_summary
 from mrl.repro.plots import pyplot
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
 
 NAME = "memory"
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]
 # A bigger tiny model (~14M parameters) so that model states, not the Python process, dominate the difference.
 CPU_MODEL = ["model.tiny.hidden_size=512", "model.tiny.intermediate_size=2048", "model.tiny.num_hidden_layers=4",
              "model.tiny.num_attention_heads=8", "model.tiny.num_key_value_heads=4"]
-BASELINE = ("import resource, torch, transformers, mrl.loop; "
+BASELINE = ("import resource, torch, transformers, mrl.train.loop; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
 
 
@@ -38,7 +38,8 @@ def model_state_mb(algo: str, overrides: list[str]) -> float:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[f"algo={algo}", *overrides])
     policy = load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu"))
-    bytes_per = 4  # float32 masters and moments whatever model.dtype says (mrl/precision.py); the reference too
+    # Float32 masters and moments whatever model.dtype says (mrl/modeling/precision.py); the reference too.
+    bytes_per = 4
     params = sum(p.numel() for p in policy.parameters())
     trained = params * (2 if ESTIMATORS[cfg.algo.advantage].needs_critic and cfg.algo.critic == "model"
                         else 1)

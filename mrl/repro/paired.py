@@ -2,7 +2,7 @@
 record, not by their seed means.
 
 The unit is one held-out record under one seed: its outcome in each arm (a channel's value on the greedy episode,
-or its mean over the record's k sampled ones, `mean@k`), from each run's held_out/step_<N>.jsonl (mrl.evaluate).
+or its mean over the record's k sampled ones, `mean@k`), from each run's held_out/step_<N>.jsonl (mrl.train.evaluate).
 The difference ours - theirs per (seed, record) is resampled twice over (Davison & Hinkley 1997, sec. 3.8, the
 two-stage bootstrap): seeds with replacement, then records with replacement within each seed drawn; the 2.5th and
 97.5th percentiles of the resampled mean difference are the 95% interval.  HELD when it lies above 0, NOT HELD when
@@ -22,8 +22,8 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from mrl.evaluate import HELD_OUT_DIR
 from mrl.repro.common import HELD, NOT_HELD, NOT_RESOLVED, mean_se, two_se_verdict
+from mrl.train.evaluate import HELD_OUT_DIR
 
 Outcomes = dict[Hashable, dict[Hashable, float]]  # seed -> record id -> the record's outcome
 RESAMPLES = 10_000

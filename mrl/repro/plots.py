@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
-from mrl.report import moving_average
 from mrl.repro.common import Run
+from mrl.runs.report import moving_average
 
 
 def pyplot():

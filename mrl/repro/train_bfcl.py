@@ -5,7 +5,7 @@ resumed (`trainer.resume=true`, its optimizer state kept) for as many more steps
 (the steps' own seconds, `perf/step_s`, evaluations excluded) at SFT's own measured seconds a step.
 
 Every evaluation scores all 78 held-out records greedy and SAMPLES times sampled at the training temperature, with
-the same evaluation seed at every stage (mrl.evaluate.separate_rng), and keeps each episode's outcome
+the same evaluation seed at every stage (mrl.train.evaluate.separate_rng), and keeps each episode's outcome
 (held_out/step_<N>.jsonl): the start (the SFT run's evaluation at its last step), RL's last and SFT-alone's last
 pair up record by record.  The gain is judged on correctness mean@k; greedy accuracy and format are shown beside it.
 Sizes and the time they take: docs/reproductions.md, "make train-bfcl".
@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mrl.evaluate import outcomes_path
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, markdown_table, write_summary
 from mrl.repro.paired import COLUMNS, RULE, Outcomes, last_outcomes, paired_verdict, record_outcomes, verdict_cells
-from mrl.tracking import METRICS_FILE, read_metrics
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.train.evaluate import outcomes_path
 
 NAME = "train-bfcl"
 SAMPLES = 4  # k of eval/<channel>/mean@k

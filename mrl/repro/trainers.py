@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from mrl.report import moving_average
 from mrl.repro.common import REPORTS, markdown_table, multirun, overall, write_csv, write_summary
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
+from mrl.runs.report import moving_average
 
 NAME = "trainers"
 PRESETS = ["ppo", "grpo", "grpo_weighted", "dapo", "gdpo", "gdpo_conditioned", "gdpo_dapo"]

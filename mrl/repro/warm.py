@@ -24,13 +24,13 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from mrl.config import CONF_DIR, UserError
-from mrl.report import find_runs, write_html_report
+from mrl.core.config import CONF_DIR, UserError
 from mrl.repro.common import Run, mean_se, read_runs, write_csv
 from mrl.repro.plots import pyplot, save_curves
-from mrl.rundir import CHECKPOINTS, LINEAGE_FILE, intact_checkpoint
-from mrl.tracking import METRICS_FILE, read_metrics
-from mrl.warm_start import lineage
+from mrl.runs.report import find_runs, write_html_report
+from mrl.runs.rundir import CHECKPOINTS, LINEAGE_FILE, intact_checkpoint
+from mrl.runs.tracking import METRICS_FILE, read_metrics
+from mrl.runs.warm_start import lineage
 
 WARM_FILE = "warm_start.json"  # beside the warm start's run dir: the arguments that made it, its weights' sha256
 QUIET = ["logger=none", "logger.log_every=1"]
@@ -294,7 +294,7 @@ HTML_NOTE = ("committed; it loads plotly.js from plotly's CDN, and report_offlin
 
 
 def write_html(plan: Plan, out: Path, title: str) -> Path:
-    """The interactive page of the warm start and every sweep (mrl.report: one held-out curve across the stages),
+    """The interactive page of the warm start and every sweep (mrl.runs.report: one held-out curve across the stages),
     twice: `out` (report.html, committed) loads plotly.js from its CDN, so it holds only our own content (the curves'
     data, the tables; the CSVs beside it in report_data/); report_offline.html beside it embeds plotly.js (4.5 MB,
     not committed) and opens without a network.  Return `out`."""

@@ -1,5 +1,5 @@
 """Build the reward channels from config, score episodes per channel, and hand them to the shaping maths
-(mrl/shaping.py: conditions and constraints) with the channels' settings.
+(mrl/algo/shaping.py: conditions and constraints) with the channels' settings.
 
 Rewards stay per channel, a [B, G, K] tensor, until the advantage step: GDPO, conditioned rewards, dead-group
 detection and per-channel logging all need the channels apart.
@@ -17,11 +17,11 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from mrl.advantages import Estimator, dual_step, live_groups, mean_cost
-from mrl.config import Bound, ChannelConfig, UserError, schema_bounds
-from mrl.episode import Episode
+from mrl.algo.advantages import Estimator, dual_step, live_groups, mean_cost
+from mrl.algo.shaping import condition, drop, veto, violations
+from mrl.core.config import Bound, ChannelConfig, UserError, schema_bounds
+from mrl.core.episode import Episode
 from mrl.rewards.targets import check_not_trl, check_targets
-from mrl.shaping import condition, drop, veto, violations
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class RewardSet:
                              for s in self.specs])
 
     def update_prices(self, rewards: Tensor) -> dict[str, float]:
-        """The dual step on every budgeted constraint's price (mrl.advantages.dual_step), from `rewards` [M, K]: every
-        rollout generated this step on every rank (gathered, so every rank computes the same prices).  Returns the
+        """The dual step on every budgeted constraint's price (mrl.algo.advantages.dual_step), from `rewards` [M, K]:
+        every rollout generated this step on every rank (gathered, so every rank computes the same prices).  Returns the
         step's constraint/<ch>/{lambda, cost, budget}: the price this step's advantages paid, and the mean cost."""
         if not self.prices:
             return {}
@@ -122,9 +122,10 @@ class RewardSet:
         self.prices.update({name: float(v) for name, v in (saved or {}).items() if name in self.prices})
 
     def live(self, shaped: Tensor, estimator: Estimator) -> Tensor:
-        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (mrl.advantages) a
-        non-zero advantage, at the weights the advantage uses (mrl.advantages.live_groups).  The algorithm's shaping
-        channels (overlong) are left out: a group is not live because its rollouts differ in length shaping alone."""
+        """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (mrl.algo.advantages) a
+        non-zero advantage, at the weights the advantage uses (mrl.algo.advantages.live_groups).  The algorithm's
+        shaping channels (overlong) are left out: a group is not live because its rollouts differ in length shaping
+        alone."""
         task = self.task_channels
         return live_groups(shaped[..., task], self.weights[task].to(shaped.dtype), estimator.group_signal)
 
@@ -151,7 +152,7 @@ class RewardSet:
 
     def shape(self, rewards: Tensor) -> tuple[Tensor, Tensor, dict[str, float]]:
         """The channels' conditions (GDPO Eq. 8) and enforced constraints (veto, drop), rollout by rollout: the
-        maths is mrl.shaping's; this hands it the channels' settings and names the statistics.
+        maths is mrl.algo.shaping's; this hands it the channels' settings and names the statistics.
 
         rewards: [B, G, K] -> (shaped rewards [B, G, K], keep [B, G] bool: rollouts that enter the update, stats:
         condition/<ch>/gated_frac, constraint/<ch>/{violation,veto,drop}_frac).

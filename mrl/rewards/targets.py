@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from mrl.config import UserError
+from mrl.core.config import UserError
 
 TRL_ADAPTER = "mrl.rewards.trl.TrlReward"  # its `fn` is a dotted path too
 

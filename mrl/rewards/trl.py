@@ -17,7 +17,7 @@ ignores them).  No import of TRL: only its calling convention.
 
 >>> def reward_len(completions, **kwargs):
 ...     return [-abs(5 - len(c)) for c in completions]
->>> from mrl.episode import Episode, Prompt
+>>> from mrl.core.episode import Episode, Prompt
 >>> TrlReward(reward_len)([Episode(Prompt("p"), "abc", [1, 2, 3], 3, False, 8)])
 [-2]
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mrl.episode import Episode
+from mrl.core.episode import Episode
 from mrl.rewards.targets import locate
 
 
@@ -51,7 +51,7 @@ def trl_inputs(episodes: list[Episode], conversational: bool | None = None) -> d
     """The keywords TRL's GRPOTrainer passes a reward function, for these episodes: prompts, completions,
     completion_ids and one list per record column (a column a record lacks is None there).
 
-    >>> from mrl.episode import Prompt
+    >>> from mrl.core.episode import Prompt
     >>> chat = Prompt("2+2?", {"answer": "4"}, messages=[{"role": "user", "content": "2+2?"}])
     >>> inputs = trl_inputs([Episode(chat, "4", [19], 1, False, 8)])
     >>> inputs["prompts"], inputs["completions"], inputs["answer"]

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mrl.config import Sandbox
+from mrl.core.config import Sandbox
 from mrl.sandbox import expressions, grade_processes, wire
 from mrl.sandbox.results import SandboxLimits, SandboxResult, SandboxUnavailable, TestOutcome
 

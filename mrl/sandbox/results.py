@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mrl.config import UserError
+from mrl.core.config import UserError
 
 STATUSES = ("ok", "timeout", "memory", "crashed", "syntax_error")
 

@@ -21,11 +21,11 @@ import random
 import zlib
 from typing import Any
 
-from mrl.config import UserError
-from mrl.data import SplitPrompts
+from mrl.core.config import UserError
+from mrl.core.data import SplitPrompts
+from mrl.core.episode import Demonstration, Episode, Prompt, Reply
 from mrl.envs.bfcl import grader
 from mrl.envs.bfcl.files import tool_schemas
-from mrl.episode import Demonstration, Episode, Prompt, Reply
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
 NO_FUNCTION_FITS = "None of the functions given can answer this request."
@@ -50,7 +50,7 @@ def split_by_id(records: list[dict], eval_percent: float) -> tuple[list[dict], l
 
 class BfclTask:
     """BFCL v4 records of `categories` as prompts; `prompt(index)` walks the train split (reshuffled each epoch,
-    mrl.data.SplitPrompts), `eval_prompts()` the held-out one.
+    mrl.core.data.SplitPrompts), `eval_prompts()` the held-out one.
 
     format_hint: a sentence added to the last user turn saying how to answer (a lever for small models; BFCL's own
       prompts leave it to the model's tool format).
@@ -60,8 +60,8 @@ class BfclTask:
     fewshot_shared: the same `fewshot` examples before every record: the accepted train records with the shortest
       question and declarations, each of another function, their functions declared before the record's own.  Every
       prompt then starts with the same preamble, declarations and nothing else of its own, a prefix generation
-      computes once (mrl.rollout.shared_prefix_length): a held-out evaluation with shots costs about what it costs
-      without (docs/evaluation.md).  A train record that is one of them gets the next one instead.
+      computes once (mrl.generation.rollout.shared_prefix_length): a held-out evaluation with shots costs about what it
+      costs without (docs/evaluation.md).  A train record that is one of them gets the next one instead.
     answer_prefix: the text every answer starts with, written into the prompt (e.g. `<tool_call>{"name": "`: a lever
       for small models, which then only fill in the call; never for the irrelevance categories, where it would
       force a call).

@@ -9,7 +9,7 @@ import json
 from importlib.util import find_spec
 from pathlib import Path
 
-from mrl.config import UserError
+from mrl.core.config import UserError
 
 INSTALL = "run `make bfcl` (pip install --no-deps bfcl-eval==2026.3.23)"
 # BFCL type -> JSON-schema type; "any" constrains nothing, so its schema has no "type".

@@ -22,7 +22,7 @@ Deliberate difference: BFCL counts an output that is not a list of `{name: {args
 
 import re
 
-from mrl.config import UserError
+from mrl.core.config import UserError
 from mrl.envs.bfcl.files import INSTALL, data_dir, read_records
 
 Call = tuple[str, dict]  # (function name as BFCL writes it, arguments)

@@ -24,17 +24,17 @@ import zlib
 from functools import lru_cache
 from typing import Any
 
-from mrl.config import UserError
-from mrl.data import SplitPrompts
+from mrl.core.config import UserError
+from mrl.core.data import SplitPrompts
+from mrl.core.episode import Demonstration, Episode, Prompt, Reply
 from mrl.envs.bfcl import split_by_id
 from mrl.envs.bfcl_agent import gym
-from mrl.episode import Demonstration, Episode, Prompt, Reply
 
 DONE = "Done."  # the answer that hands a user turn back, in few-shot examples and demonstrations
 
 
 class BfclWorld:
-    """One episode's world (mrl.protocols.Environment): the entry's instances, the user turn under way, and the
+    """One episode's world (mrl.chat.protocols.Environment): the entry's instances, the user turn under way, and the
     calls made in it."""
 
     def __init__(self, entry: dict, max_calls_per_turn: int, compact: bool, gold_only: bool):

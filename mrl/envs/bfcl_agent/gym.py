@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from mrl import bounded
-from mrl.config import UserError
+from mrl.core import safe_json
+from mrl.core.config import UserError
 from mrl.envs.bfcl.files import data_dir, read_records, tool_schemas
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
@@ -232,7 +232,7 @@ def argument_error(name: str, arguments: Any) -> str | None:
     interrupts: `square_root(2, precision=3000000)` runs half a minute)."""
     if not isinstance(arguments, dict):
         return f"the arguments of {name} must be an object, not {str(arguments)[:80]}"
-    problem = bounded.check(arguments, bounded.MAX_DEPTH, MAX_INT)
+    problem = safe_json.check(arguments, safe_json.MAX_DEPTH, MAX_INT)
     if problem:
         return f"an argument of {name} {problem}"
     precision = arguments.get("precision")

@@ -1,0 +1,363 @@
+"""mrl's native sampling loop for Llama-family decoders: the decoder's own modules, driven without HF `generate`.
+
+HF `generate` and the model's forward spend most of a small model's decode step in Python (logits processors, stopping
+criteria, cache and mask bookkeeping, output dataclasses), not in arithmetic. `NativeDecoder` runs the same layers
+(the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every rope scaling
+apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own sampling warpers,
+and returns what `model.generate` returns: the input ids followed by the sampled ones, finished rows padded. Greedy,
+it picks the tokens HF `generate` picks (up to the rounding of `skinny_linear`, a CPU's different order of the same
+sums: equal in every test and on SmolLM2); sampling, it draws from the same distribution, on a CPU by `inverse_cdf`
+(one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per vocabulary entry: ~12
+ms of each decode step of 8 rows at SmolLM2's 49k vocabulary on a CPU, against ~4 ms). With `multinomial`, the draw
+elsewhere (a GPU draws exponentials fast) and the same seed, it draws the very tokens HF `generate` draws (tested).
+
+Families whose decoder layer is norm -> attention (rotary, grouped-query, full causal) -> norm -> MLP: Llama
+(SmolLM2), Qwen2, Qwen3 (with its per-head q/k norms) and Mistral without a sliding window.  Anything else, a
+sliding-window layer included, gets a one-line reason from `unsupported` (`rollout.engine=auto` then decodes with HF
+`generate`), and a model whose forward turns out to differ is refused at its first use (`NativeDecoder.check`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from mrl.modeling.models import hf_model, logits_gap, position_ids
+from mrl.modeling.precision import autocast_of
+
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def unsupported(model) -> str | None:
+    """Why `NativeDecoder` cannot run `model`, in one line; None when it can (by its structure: `NativeDecoder`
+    also compares its logits with the model's own forward at its first use)."""
+    model = hf_model(model)
+    config = model.config
+    if config.model_type not in FAMILIES:
+        return f"model_type {config.model_type!r} is not one of {', '.join(FAMILIES)}"
+    if not type(model).__module__.startswith("transformers.models."):
+        return f"{type(model).__name__} is the checkpoint's own code (trust_remote_code), not transformers' class"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(kind != "full_attention" for kind in layer_types) or (
+            config.model_type == "mistral" and getattr(config, "sliding_window", None) is not None):
+        return f"{config.model_type} with sliding-window attention layers"
+    return None
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """One decoding turn: what every decoder (HF `generate`, the native and the captured one) is asked to continue.
+
+    Rows end at a token of `stop_ids` or when `criteria(ids [A, L'], None) -> [A]` says so; later tokens are
+    `pad_id`.  `cache`: an HF cache of B rows holding the first C < L positions, row `cache_rows[a]` being row a's
+    (the groups' shared prompts), or None."""
+
+    input_ids: Tensor  # [A, L] left-padded
+    attention_mask: Tensor  # [A, L]
+    budget: int  # at most this many new tokens
+    stop_ids: list[int]
+    pad_id: int
+    cache: Any = None
+    cache_rows: Tensor | None = None  # [A]
+    criteria: Callable | None = None
+
+
+def multinomial(probs: Tensor) -> Tensor:
+    """One token per row of `probs` [A, V] -> [A], as HF `generate` draws it (`torch.multinomial`)."""
+    return torch.multinomial(probs, 1).squeeze(1)
+
+
+def draw_for(device: torch.device) -> Callable[[Tensor], Tensor]:
+    """The native decoder's draw on `device`: `inverse_cdf` on a CPU, whose random numbers are slow to make, else HF's
+    own (`multinomial`: no float64 copy of a large batch's probabilities)."""
+    return inverse_cdf if device.type == "cpu" else multinomial
+
+
+def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
+    """One token per row of `probs` [A, V] (unnormalized weights >= 0, each row's sum > 0) -> [A]: the first token
+    whose cumulative weight exceeds `uniform` [A] (in [0, 1); drawn by `torch.rand` when None) times the row's total.
+    A token of weight 0 is never drawn: its cumulative weight equals its predecessor's.  Weights that are not finite,
+    or a row summing to 0, raise ValueError, as `torch.multinomial` does."""
+    cdf = probs.double().cumsum(-1)  # float64: the rounding over a 152k vocabulary stays far below any token's share
+    totals = cdf[:, -1:]
+    if not bool(((totals > 0) & torch.isfinite(totals)).all()):
+        raise ValueError("probabilities contain inf or nan, or a row sums to 0: the policy's logits diverged")
+    if uniform is None:
+        # float64, at most 1 - 2^-53: a token of probability under float32's 2^-24 keeps its own chance, and the
+        # threshold stays strictly below its row's total (the product rounds to at most the total minus one ulp)
+        uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    threshold = uniform.double()[:, None] * totals
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(1)
+
+
+# The native decoder stops computing finished rows once at most this share of the rows it computes is unfinished:
+# dropping rows copies their keys and values, so it waits until a quarter has finished, not one row at a time.
+COMPACT_AT = 0.75
+SKINNY_MIN_WEIGHT = 2 ** 18  # elements: weights of 1 MiB and more in float32, read from memory at every token
+SKINNY_MAX_ROWS = 256  # measured faster at 8 to 64 rows, even at 256; beyond (a long turn's first step) F.linear
+
+
+def skinny_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
+    """`linear(x)` for x [..., in] of few rows, computed as (W @ x^T)^T.  On a CPU, MKL multiplies a row-major weight
+    by a few columns faster than it multiplies a few rows by the weight's transpose, as `F.linear` does: at 8 to 64
+    rows, 0.6-0.8x the time for SmolLM2's MLP weights out of cache, with no copy of the weight."""
+    rows = x.reshape(-1, x.shape[-1])
+    if linear.bias is None:
+        out = torch.mm(linear.weight, rows.T)
+    else:
+        out = torch.addmm(linear.bias[:, None], linear.weight, rows.T)
+    return out.T.contiguous().view(*x.shape[:-1], -1)
+
+
+def plain(module: torch.nn.Module) -> bool:
+    """Whether calling `module` is its class's forward and nothing else: no hooks of its own (ZeRO-3 gathers
+    through them), no forward replaced on the instance (accelerate's hooks do that)."""
+    return not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
+
+
+def skinny_linears(model) -> set[torch.nn.Module]:
+    """The projections of `model` that `NativeDecoder` computes by `skinny_linear`: on a CPU, without the model's
+    autocast or global module hooks, `plain` modules of exactly `nn.Linear` (not an adapter's wrapper) with float32
+    weights of at least SKINNY_MIN_WEIGHT elements.  Elsewhere (a GPU, bf16) a module is called as it is."""
+    from torch.nn.modules import module as torch_module
+
+    if getattr(model, "compute_autocast", None) is not None or torch_module._global_forward_hooks \
+            or torch_module._global_forward_pre_hooks:
+        return set()
+    return {module for module in model.modules()
+            if type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
+            and module.weight.dtype == torch.float32 and module.weight.numel() >= SKINNY_MIN_WEIGHT
+            and plain(module)}
+
+
+def mlp_classes() -> tuple[type, ...]:
+    """The MLP classes of FAMILIES, each down_proj(act_fn(gate_proj(x)) * up_proj(x))."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+    from transformers.models.mistral.modeling_mistral import MistralMLP
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP
+
+    return LlamaMLP, Qwen2MLP, Qwen3MLP, MistralMLP
+
+
+_VERDICTS: "weakref.WeakKeyDictionary[torch.nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def mismatch(model) -> str | None:
+    """Why `NativeDecoder` computes other next-token logits than `model`'s own forward, or None when they agree
+    (`NativeDecoder.check`, once per model, at its first use: during generation, where ZeRO-3's weights are whole)."""
+    model = hf_model(model)
+    if model not in _VERDICTS:
+        _VERDICTS[model] = NativeDecoder(model).check() or ""
+    return _VERDICTS[model] or None
+
+
+def next_tokens(ids: Tensor, scores: Tensor, warp: Callable | None, draw: Callable[[Tensor], Tensor],
+                unfinished: Tensor, pad_id: int, stops: Tensor, criteria: Callable | None,
+                live: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One decoding step's token per row, as HF generate picks it: the warped distribution's draw (the argmax when
+    `warp` is None: greedy), `pad_id` for rows already finished; appended to `ids` [A, L] -> ([A, L + 1], token
+    [A]).  `unfinished` [A] is updated in place: a row ends at a stop id or where `criteria` says so.
+
+    `live` [A'] (sorted rows of `ids`): `scores` [A', V] are those rows' alone, the others having finished (the
+    native decoder stops computing them); each row draws what it draws with every row scored (`draw_rows`)."""
+    scores = scores.float()  # [A', V]
+    rows = ids if live is None else ids[live]
+    token = draw_rows(draw, warp(rows, scores).softmax(-1), live, len(ids)) if warp is not None \
+        else scores.argmax(-1)
+    if live is not None:
+        token = torch.full((len(ids),), pad_id, dtype=token.dtype, device=token.device).index_copy_(0, live, token)
+    token = torch.where(unfinished, token, pad_id)
+    ids = torch.cat([ids, token[:, None]], 1)
+    unfinished &= ~torch.isin(token, stops)
+    if criteria is not None:
+        unfinished &= ~criteria(ids, None).bool()
+    return ids, token
+
+
+def draw_rows(draw: Callable[[Tensor], Tensor], probs: Tensor, live: Tensor | None, rows: int) -> Tensor:
+    """`draw(probs)` [A'] for the rows `live` [A'] of a batch of `rows`, the same tokens as those rows draw when all
+    `rows` are drawn at once: `inverse_cdf` gets the uniform numbers of the whole batch, another draw (HF's
+    `multinomial`, whose random numbers are laid out per row and entry) the finished rows as uniform weights."""
+    if live is None or len(live) == rows:
+        return draw(probs)
+    if draw is inverse_cdf:
+        return inverse_cdf(probs, torch.rand(rows, dtype=torch.float64, device=probs.device)[live])
+    full = probs.new_ones(rows, probs.shape[1]).index_copy_(0, live, probs)  # [rows, V]
+    return draw(full)[live]
+
+
+class NativeDecoder:
+    """Samples continuations of a batch with a KV cache, as `model.generate` does (see the module's docstring)."""
+
+    def __init__(self, model, draw: Callable[[Tensor], Tensor] | None = None):
+        reason = unsupported(model)
+        if reason is not None:
+            raise ValueError(f"the native decoder cannot run this model: {reason}")
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        self.model = hf_model(model)  # carries the autocast of mrl.modeling.precision.compute_in, if any
+        self.decoder = self.model.model  # embed_tokens, layers, norm, rotary_emb
+        self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
+        self.attend = sdpa_attention_forward  # HF's own SDPA call: its kernel choice per device (GQA, masks)
+        # probabilities [A, V] -> tokens [A]
+        self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
+        self.skinny = skinny_linears(self.model)
+        # MLPs whose formula the decoder may spell out, to compute their projections by skinny_linear
+        own_mlps = mlp_classes()
+        self.skinny_mlps = {layer.mlp for layer in self.decoder.layers
+                            if type(layer.mlp) in own_mlps and plain(layer.mlp)
+                            and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.skinny}
+
+    def __call__(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
+        """Continue `request.input_ids` [A, L] by at most `request.budget` tokens (DecodeRequest's contract).
+
+        `warp`: a logits processor (HF's warpers) before sampling, or None for the most likely token; the token is
+        then drawn from the softmax by `self.draw`.  Returns [A, L + n], 1 <= n <= budget: the loop stops when every
+        row has ended.
+        """
+        if request.budget < 1:
+            raise ValueError(f"budget={request.budget}: decode at least one token")
+        # Inference mode: no autograd bookkeeping per op (~10% of a small model's decode step); the ids leave as an
+        # ordinary tensor.
+        with torch.inference_mode():
+            ids = self._sample(request, warp)
+        return ids.clone()
+
+    def _sample(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
+        input_ids, cache, budget = request.input_ids, request.cache, request.budget
+        rows, width = input_ids.shape
+        device = input_ids.device
+        start = 0 if cache is None else cache.get_seq_length()
+        buffers = KVBuffers(cache if start else None, request.cache_rows, width + budget)
+        allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # the keys each row attends to
+        allowed[:, :width] = request.attention_mask.bool()
+        positions = position_ids(request.attention_mask)  # [A, L], as prompt_cache and policy_forward
+        stops = torch.tensor(request.stop_ids, dtype=torch.long, device=device)
+        unfinished = torch.ones(rows, dtype=torch.bool, device=device)
+        ids, step_ids, step_positions = input_ids, input_ids[:, start:], positions[:, start:]
+        live = torch.arange(rows, device=device)  # [A'] the rows computed: the unfinished, and a few finished
+        for _ in range(budget):
+            with autocast_of(self.model):
+                scores = self.logits(self.forward(step_ids, step_positions, allowed, start, buffers))
+            ids, token = next_tokens(ids, scores, warp, self.draw, unfinished, request.pad_id, stops,
+                                     request.criteria, live)
+            if not unfinished.any():
+                break
+            start += step_ids.shape[1]
+            step_ids, step_positions = token[live, None], step_positions[:, -1:] + 1
+            going = unfinished[live]  # [A']
+            if int(going.sum()) <= COMPACT_AT * len(live):  # a quarter finished: stop computing them
+                live, step_ids, step_positions, allowed = live[going], step_ids[going], step_positions[going], \
+                    allowed[going]
+                buffers.select(going, start)
+            allowed[:, start] = True
+        return ids
+
+    def check(self) -> str | None:
+        """Why this decoder's next-token logits differ from the model's own forward (a variant the structural checks
+        of `unsupported` let through), in one line; None when they agree.  2 rows of 8 positions, one left-padded,
+        in eval mode (no dropout)."""
+        ids = (torch.arange(3, 19, device=self.decoder.embed_tokens.weight.device) % self.model.config.vocab_size)
+        ids = ids.view(2, 8)
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        positions = position_ids(mask)
+        buffers = KVBuffers(None, None, ids.shape[1])
+        gap = logits_gap(self.model,
+                         lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1],
+                         lambda: self.logits(self.forward(ids, positions, mask.bool(), 0, buffers)))
+        if gap is not None:
+            return (f"model type {self.model.config.model_type!r}: mrl's native decoder computes other logits than "
+                    f"this model's forward (largest difference {gap:.3g})")
+        return None
+
+    def forward(self, ids: Tensor, positions: Tensor, allowed: Tensor, start: int, buffers: "KVBuffers") -> Tensor:
+        """The decoder on positions start .. start+n-1 (ids, positions [A, n]), their keys and values written into
+        `buffers`; `allowed` [A, S]: the keys each row may attend to.  -> the last position's final hidden state
+        [A, H]."""
+        n = ids.shape[1]
+        end = start + n
+        # [A, 1, n, end]: a query sees the keys its row allows up to itself, and always itself: a left-padding
+        # query allows nothing else, and a query that attends to nothing is NaN in some SDPA kernels (a zero in
+        # CPU's), which would reach the later layers' keys.
+        query = start + torch.arange(n, device=ids.device)[:, None]  # [n, 1]
+        key = torch.arange(end, device=ids.device)  # [end]
+        mask = (allowed[:, None, None, :end] & (key <= query)) | (key == query)
+        return self.layers(ids, positions, mask, start, buffers)
+
+    def layers(self, ids: Tensor, positions: Tensor, mask: Tensor, start: int | Tensor, buffers) -> Tensor:
+        """The decoder on ids, positions [A, n] with the attention mask [A, 1, n, S] (True: attend), each layer's
+        keys and values stored by `buffers.write(layer, start, k, v)` (KVBuffers, or mrl.generation.captured's static
+        ones, whose `start` is a tensor) -> the last position's final hidden state [A, H]."""
+        rows, n = ids.shape
+        hidden = self.decoder.embed_tokens(ids)
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        for i, layer in enumerate(self.decoder.layers):
+            attention = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            heads = (rows, n, -1, attention.head_dim)
+            q, k = self._project(attention.q_proj, x).view(heads), self._project(attention.k_proj, x).view(heads)
+            if hasattr(attention, "q_norm"):  # Qwen3: an RMS norm per head, before the rotation
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            keys, values = buffers.write(i, start, k, self._project(attention.v_proj, x).view(heads).transpose(1, 2))
+            out, _ = self.attend(attention, q, keys, values, mask, scaling=attention.scaling)  # [A, n, heads, D]
+            hidden = hidden + self._project(attention.o_proj, out.reshape(rows, n, -1))
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+        return self.decoder.norm(hidden[:, -1])
+
+    def _project(self, linear: torch.nn.Module, x: Tensor) -> Tensor:
+        if linear in self.skinny and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
+            return skinny_linear(linear, x)
+        return linear(x)
+
+    def _mlp(self, mlp: torch.nn.Module, x: Tensor) -> Tensor:
+        """`mlp(x)`; for a family's own MLP class whose three projections are skinny, its formula spelled out, so
+        that they are computed by `skinny_linear`."""
+        if mlp not in self.skinny_mlps:
+            return mlp(x)
+        return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self._project(self.model.lm_head, hidden)
+
+
+class KVBuffers:
+    """Per layer, keys and values [A, KV heads, size, head dim], preallocated at a layer's first write in the dtype
+    of what is written (HF's cache holds the same), with the cached prefix of each row (`cache` row `cache_rows[a]`)
+    copied in front: the shared prompts are copied once, into the buffers, not first into a cache per row."""
+
+    def __init__(self, cache, cache_rows: Tensor | None, size: int):
+        self.cache, self.cache_rows, self.size = cache, cache_rows, size
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+
+    def write(self, layer: int, start: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store k, v [A, KV heads, n, head dim] at positions start..start+n-1 -> this layer's keys and values
+        [A, KV heads, start+n, head dim]."""
+        if layer == len(self.keys):
+            rows, heads, _, dim = k.shape
+            self.keys.append(k.new_empty(rows, heads, self.size, dim))
+            self.values.append(v.new_empty(rows, heads, self.size, dim))
+            if self.cache is not None:
+                cached = self.cache.layers[layer]
+                self.keys[layer][:, :, :start] = cached.keys[self.cache_rows]
+                self.values[layer][:, :, :start] = cached.values[self.cache_rows]
+        end = start + k.shape[2]
+        self.keys[layer][:, :, start:end] = k
+        self.values[layer][:, :, start:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def select(self, rows: Tensor, end: int) -> None:
+        """Keep only `rows` (a boolean mask [A]) of every layer's buffers, their first `end` positions copied."""
+        for buffers in (self.keys, self.values):
+            for layer, old in enumerate(buffers):
+                kept = old.new_empty(int(rows.sum()), *old.shape[1:])
+                kept[:, :, :end] = old[rows, :, :end]
+                buffers[layer] = kept

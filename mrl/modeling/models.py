@@ -1,0 +1,422 @@
+"""Load the policy, the frozen reference and the critic through transformers' Auto* classes.
+
+The built-in tiny model goes through the same path as a real one: it is built once from a config with random
+weights, saved as an ordinary model directory (config.json, model.safetensors, tokenizer.json), then loaded back
+with AutoModelForCausalLM / AutoTokenizer.  No network is touched.  Models load with float32 weights (the masters
+that train) and compute in `model.dtype` where the device has it (mrl/modeling/precision.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mrl.algo.losses import linear_token_logprobs, token_logprobs
+from mrl.core.config import ModelConfig, TinyModelSpec, UserError
+from mrl.core.data import hub_unreachable
+from mrl.modeling.local_models import BUILT_LOCALLY
+from mrl.modeling.precision import MASTER, autocast_of, compute_in, precision_for
+
+BUILTIN_TINY = "builtin:tiny"
+SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+# Words the built-in tasks use; the rest of the vocabulary is filler, so that a random policy rarely emits a
+# meaningful word by chance (as a real LM's huge vocabulary makes any one action rare).
+TASK_WORDS = [str(d) for d in range(10)] + ["add", "max", "min", "=", "|", "calc", "hack", "lookup", "ans", "x",
+                                           "+", "*"]
+
+
+class ModelLoadError(UserError):
+    """A model path or hub id that cannot be loaded; the message is meant for the user."""
+
+
+def tiny_vocab(vocab_size: int) -> list[str]:
+    specials = list(SPECIAL_TOKENS.values())
+    fixed = specials + TASK_WORDS
+    if vocab_size < len(fixed):
+        raise ValueError(f"tiny vocab_size must be >= {len(fixed)}, got {vocab_size}")
+    return fixed + [f"w{i}" for i in range(vocab_size - len(fixed))]
+
+
+def build_tiny_model(spec: TinyModelSpec, directory: Path) -> Path:
+    """Write a random-init Llama-style causal LM and its word-level tokenizer to `directory`; return it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = tiny_vocab(spec.vocab_size)
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    word_level.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, padding_side="left", **SPECIAL_TOKENS)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.init_seed)
+        model = LlamaForCausalLM(config)
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.replace(tmp, directory)
+    except OSError:  # another process built the same spec first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def tiny_model_dir(spec: TinyModelSpec) -> Path:
+    """The cached directory of the tiny model for `spec`, built on first use (one per distinct spec)."""
+    key = hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
+    cache = Path(os.environ.get("MRL_CACHE", Path.home() / ".cache" / "mrl")) / "models" / f"tiny-{key}"
+    if not (cache / "config.json").exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(spec, cache)
+    return cache
+
+
+def resolve_model_path(cfg: ModelConfig) -> str:
+    """The directory or hub id to load; the tiny model is built (or found in the cache) here."""
+    if cfg.name_or_path == BUILTIN_TINY:
+        spec = cfg.tiny if cfg.tiny is not None else TinyModelSpec()
+        return str(tiny_model_dir(TinyModelSpec(**dict(spec))))
+    name = os.path.expanduser(cfg.name_or_path)
+    if os.path.isdir(name):  # an existing directory wins over a hub id of the same spelling (models/smollm2-...)
+        return name
+    if name in BUILT_LOCALLY:
+        raise ModelLoadError(f"model.name_or_path={cfg.name_or_path!r} is built on this machine: run "
+                             f"`{BUILT_LOCALLY[name]}` first (no hub needed)")
+    looks_local = name.startswith(("/", "./", "../", "~")) or os.path.isabs(name) or name.count("/") > 1
+    if looks_local:
+        raise ModelLoadError(
+            f"model.name_or_path={cfg.name_or_path!r}: no such directory. Give an existing model directory, "
+            f"a hub id such as Qwen/Qwen3-0.6B, or {BUILTIN_TINY}."
+        )
+    check_hub_model(cfg.name_or_path)
+    return name
+
+
+def check_hub_model(hub_id: str) -> None:
+    """A hub id that is not in the local HF cache needs the Hub: without it, one line at once, where
+    huggingface_hub would retry for ~50 s after the run dir exists."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+            return
+    except ValueError:  # not a valid repo id: transformers says so when it loads
+        return
+    reason = hub_unreachable()
+    if reason is not None:
+        local = f"models/{hub_id.split('/')[-1]}"
+        raise ModelLoadError(f"model.name_or_path={hub_id!r} is not a local directory nor in the HF cache, and the "
+                             f"Hub cannot be reached: {reason}. Download it where there is a network (hf download "
+                             f"{hub_id} --local-dir {local}) and give model.name_or_path={local}")
+
+
+def quiet_transformers() -> None:
+    """No per-file progress bars: they flood logs on every load and checkpoint."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise ModelLoadError(f"cannot load a tokenizer from {path!r}: {err}".splitlines()[0]) from err
+    tokenizer.padding_side = "left"  # generation appends on the right
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device, weights: torch.dtype = MASTER) -> nn.Module:
+    """The causal LM at `path`, computing per `cfg.dtype` on `device`.  `weights`: float32 for a model that trains;
+    a frozen reference takes the trained module's `module_dtype`, so that both compute alike."""
+    from transformers import AutoModelForCausalLM
+
+    precision = precision_for(cfg.dtype, device)
+    kwargs = {"dtype": weights}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot load model {path!r}: not a model directory and not reachable on the hub "
+            f"({str(err).splitlines()[0]})"
+        ) from err
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return compute_in(model.to(device), precision, device)
+
+
+# Config keys of families whose forward transforms the output layer's logits (Actor.logits applies each).
+# Soft caps, cap * tanh(logits / cap): Gemma 2-4 and nanochat; RecurrentGemma; xLSTM.
+SOFT_CAPS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+LOGIT_TRANSFORMS = ("logit_scale", "logits_scaling", "lm_head_multiplier", *SOFT_CAPS)
+
+
+def _zero_linear(hidden_size: int) -> nn.Linear:
+    """A scalar head that starts at value 0 everywhere, so early GAE is driven by the rewards."""
+    head = nn.Linear(hidden_size, 1)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+class Actor(nn.Module):
+    """The policy, optionally with a scalar value head on its last hidden state (PPO with `algo.critic=head`)."""
+
+    def __init__(self, policy: nn.Module, value_head: bool = False):
+        super().__init__()
+        self.policy = policy
+        self.value_head = _zero_linear(policy.config.hidden_size) if value_head else None
+
+    def forward(self, input_ids, attention_mask, position_ids, keep: int = 0, prompt_width: int = 0,
+                targets: torch.Tensor | None = None, temperature: float = 1.0, entropy: bool = False,
+                entropy_grad: bool = False, warp=None):
+        """The last `keep` positions (0: all L) of each row.
+
+        Without `targets`: (logits [N, keep, V], values [N, keep] or None).
+        With `targets` [N, K], K <= keep: (log-probs [N, K] of targets[:, k] at kept position k, of logits /
+        temperature, truncated by `warp` (top_k / top_p: mrl.algo.losses.truncate) when given; entropies [N, K] or None
+        without `entropy` or `entropy_grad`; values [N, keep] or None).  The
+        output layer then runs a chunk of positions at a time: no [N, K, V] tensor exists, in the forward or the
+        backward (mrl.algo.losses.linear_token_logprobs where plain_output_weight allows, its gradient by hand; else
+        mrl.algo.losses.token_logprobs, recomputed by autograd).  Inside forward, so that an engine (DeepSpeed) sees one
+        call.
+
+        Only the completion's positions need logits: at a real vocabulary (49k) and a long chat prompt, the output
+        layer over the prompt's positions would cost more than the rest of the model, and its memory most of all.
+
+        `prompt_width` > 0: the first `prompt_width` columns are a prompt that the rows of a group share, and `keep`
+        covers at most the completion and the prompt's last position.  Each distinct prompt then runs once and its
+        keys and values serve every row that has it (exact: gradients reach it from all of them).  A group of G
+        rollouts of a 250-token chat prompt and 60 completion tokens costs ~(250 + 8*60) token passes, not 8*310.
+        """
+        with autocast_of(self.policy):  # the decoder and the output layer compute as the policy's own forward
+            if prompt_width and not (self.training and checkpointed(self.policy)):
+                # (checkpointed layers drop the cache in training, so those take the plain path)
+                hidden = self._shared_prompt_states(input_ids, attention_mask, position_ids, prompt_width)
+            else:
+                hidden = self.policy.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                                   position_ids=position_ids, use_cache=False).last_hidden_state
+            hidden = hidden[:, -keep:]  # [N, keep, H]
+            if targets is not None:
+                scored_hidden = hidden[:, :targets.shape[1]]  # [N, K, H]
+                weight = None if entropy_grad or warp is not None else self.plain_output_weight()
+                scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature / self.logit_multiplier(),
+                                                entropy)
+                          if weight is not None else
+                          token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
+                                         entropy_grad, warp))
+            else:
+                scored = (self.logits(hidden),)
+        values = None
+        if self.value_head is not None:
+            values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        return *scored, values
+
+    @property
+    def vocab_size(self) -> int:
+        head = self.policy.get_output_embeddings()
+        return getattr(head, "out_features", None) or self.policy.config.get_text_config().vocab_size
+
+    def check_logits(self) -> None:
+        """Refuse a model whose own forward transforms the output layer's logits in a way `logits` does not apply (a
+        family mrl does not know): the trainer would score tokens under another distribution than the policy samples
+        from.  One forward of 8 positions, at load, before any engine partitions the weights."""
+        ids = (torch.arange(1, 9, device=self.policy.device) % self.vocab_size)[None]  # [1, 8]
+        gap = logits_gap(self.policy, lambda: self.policy(input_ids=ids).logits,
+                         lambda: self.logits(self.policy.get_decoder()(input_ids=ids).last_hidden_state))
+        if gap is not None:
+            family = self.policy.config.get_text_config().model_type
+            raise UserError(
+                f"model type {family!r}: its forward transforms the output layer's logits in a way mrl does not "
+                f"apply (largest difference {gap:.3g}); mrl scores tokens through Actor.logits in "
+                f"mrl/modeling/models.py, "
+                f"which applies {', '.join(LOGIT_TRANSFORMS)}: add this family's transform there, or train another "
+                "model")
+
+    def plain_output_weight(self) -> torch.Tensor | None:
+        """The output layer's weight [V, H] when its logits are hidden @ weight.T times `logit_multiplier()` (no bias,
+        no soft cap, not an adapter-wrapped layer, not a ZeRO-3 partition), so that
+        mrl.algo.losses.linear_token_logprobs may compute them, the multiplier folded into the temperature; else None
+        (token_logprobs calls `logits`)."""
+        head = self.policy.get_output_embeddings()
+        if type(head) is not nn.Linear or head.bias is not None or self.soft_cap() is not None \
+                or hasattr(head.weight, "ds_id"):
+            return None
+        return head.weight
+
+    def logit_multiplier(self) -> float:
+        """The constant the family multiplies the output layer's logits by (1 for most): Cohere's logit_scale,
+        Granite's 1 / logits_scaling (HyperCLOVAX, MuP, multiplies by it instead), Falcon-H1's lm_head_multiplier."""
+        config = self.policy.config.get_text_config()
+        multiplier = 1.0
+        if getattr(config, "logit_scale", None) is not None and config.model_type.startswith("cohere"):
+            multiplier *= config.logit_scale  # (MPT's config has the key too, and its forward ignores it)
+        if getattr(config, "logits_scaling", None) is not None:
+            scaling = config.logits_scaling
+            multiplier = multiplier * scaling if config.model_type == "hyperclovax" else multiplier / scaling
+        if getattr(config, "lm_head_multiplier", None) is not None:
+            multiplier *= config.lm_head_multiplier
+        return float(multiplier)
+
+    def soft_cap(self) -> float | None:
+        """The family's soft cap of its logits, cap * tanh(logits / cap), or None (SOFT_CAPS)."""
+        config = self.policy.config.get_text_config()
+        return next((c for c in (getattr(config, key, None) for key in SOFT_CAPS) if c is not None), None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The policy's logits from its last hidden states [..., H] -> [..., V]: its output layer and the scaling or
+        soft-capping its family applies after it (LOGIT_TRANSFORMS), as the model's own forward computes them."""
+        logits = self.policy.get_output_embeddings()(hidden)
+        multiplier, cap = self.logit_multiplier(), self.soft_cap()
+        if multiplier != 1.0:
+            logits = logits * multiplier
+        return torch.tanh(logits / cap) * cap if cap is not None else logits
+
+    def _shared_prompt_states(self, input_ids, attention_mask, position_ids, prompt_width: int) -> torch.Tensor:
+        """Last hidden states [N, 1 + L - W, H]: the prompt's last position, then every later one."""
+        W = prompt_width
+        # Rows with equal prompt ids and mask share one prompt pass: `first[u]` is distinct prompt u's first row.
+        distinct, row_prompt = torch.unique(torch.cat([input_ids[:, :W], attention_mask[:, :W]], 1), dim=0,
+                                            return_inverse=True)  # [U, 2W], [N]
+        rows = torch.arange(len(row_prompt), device=row_prompt.device)
+        first = torch.full_like(rows[: len(distinct)], len(rows)).scatter_reduce(0, row_prompt, rows, "amin")  # [U]
+        decoder = self.policy.get_decoder()
+        cache = empty_cache(self.policy)
+        head = decoder(input_ids=input_ids[first, :W], attention_mask=attention_mask[first, :W],
+                       position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
+        cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...], differentiable
+        tail = decoder(input_ids=input_ids[:, W:], attention_mask=attention_mask, position_ids=position_ids[:, W:],
+                       use_cache=True, **{cache_kwarg(decoder): cache})
+        return torch.cat([head.last_hidden_state[row_prompt, -1:], tail.last_hidden_state], 1)
+
+
+def logits_gap(model: nn.Module, own: Callable[[], torch.Tensor], mine: Callable[[], torch.Tensor]) -> float | None:
+    """The largest difference between the logits `own()` (the model's forward) and `mine()` (mrl's way to the same
+    logits) compute, when over 1% of the largest logit; None when they agree.  Both run in eval mode (no dropout;
+    the mode is restored), without gradients, under the model's autocast."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast_of(model):
+            expected, computed = own().float(), mine().float()
+    finally:
+        model.train(training)
+    gap = (expected - computed).abs().max().item()
+    return gap if gap > 1e-2 * max(expected.abs().max().item(), 1e-6) else None
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as HF generate computes them.  [N, L] -> [N, L]."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def empty_cache(model: nn.Module):
+    """A KV cache to fill with a forward pass (and to grow token by token in `generate`)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=hf_model(model).config)
+
+
+def checkpointed(model: nn.Module) -> bool:
+    """Whether activation checkpointing is on (its name changed in transformers 5)."""
+    model = hf_model(model)
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
+        else "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The forward's name for the KV cache: `cache` since transformers 5.2x, `past_key_values` before."""
+    return _cache_kwarg_of(type(hf_model(model)).forward)
+
+
+@functools.cache
+def _cache_kwarg_of(forward: Callable) -> str:  # once per class: reading a signature takes ~0.2 ms, twice a step
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The transformers model itself: a peft model's base model (its adapters injected and active), else `model`.
+    A peft model's forward takes **kwargs, so its signature and attributes do not tell what the model accepts."""
+    base = getattr(model, "get_base_model", None)
+    return base() if callable(base) else model
+
+
+class ValueModel(nn.Module):
+    """A separate critic (PPO with `algo.critic=model`): a copy of the policy's backbone with a scalar head."""
+
+    def __init__(self, backbone: nn.Module):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = _zero_linear(backbone.config.hidden_size)
+
+    def forward(self, input_ids, attention_mask, position_ids):  # -> [N, L]
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+def load_value_model(path: str, cfg: ModelConfig, device: torch.device) -> ValueModel:
+    """The critic's backbone comes from the same weights as the policy (a checkpoint's critic/ on resume)."""
+    from transformers import AutoModel
+
+    precision = precision_for(cfg.dtype, device)
+    backbone = AutoModel.from_pretrained(path, dtype=MASTER)
+    if cfg.gradient_checkpointing:
+        backbone.gradient_checkpointing_enable()
+    return ValueModel(compute_in(backbone.to(device), precision, device)).to(device)
+
+
+def check(cfg) -> None:
+    """The model the run trains: its directory exists (a hub id is checked when it loads), and its context holds
+    `trainer.max_new_tokens`."""
+    context = context_length(cfg.model)
+    if context is not None and cfg.trainer.max_new_tokens > context:
+        raise UserError(f"trainer.max_new_tokens={cfg.trainer.max_new_tokens} is more than the model's context of "
+                        f"{context} tokens (max_position_embeddings): give at most {context}")
+
+
+def context_length(model) -> int | None:
+    """The model's context in tokens (max_position_embeddings of the tiny spec or of a local config.json), or None
+    where it cannot be read without loading the model (a hub id).  A local directory that is missing is refused."""
+    if model.name_or_path == BUILTIN_TINY:  # built on first use: its spec says
+        path = None
+    else:
+        path = resolve_model_path(model)
+    if path is None:
+        return int(model.tiny.max_position_embeddings) if model.get("tiny") is not None else None
+    config = Path(path) / "config.json"
+    try:
+        value = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value > 0 else None

@@ -1,0 +1,450 @@
+"""train(cfg): the whole training loop, top to bottom, for every algorithm.
+
+`train_step` is one step, five phases in order, each a call taking and returning named objects:
+1. collect (mrl/train/collect.py): rollouts from the rollout engine, scored per channel and shaped -> `Collected` (with
+   `EveryRank`, the rows of every rank the batch statistics are computed on);
+2. score (mrl/train/update.py): old and reference log-probs, old values, PPO's KL penalty, no gradients -> `Scores`;
+3. step_advantages: the estimator (mrl/algo/advantages.py) on every rank's rows, then this rank's -> `UpdateBatch`;
+4. update_policy: epochs x mini x micro-batches (mrl/train/update.py), then the engine's `sync_weights` -> its metrics;
+5. step_metrics, log_step, checkpoint_if_due.
+What the steps share (models, rollout engine, task and rewards, sinks, position) is a `Run`, built by `start_run`.
+The loop never asks which engine generates (mrl.generation.rollout.RolloutEngine).
+
+How it departs from the textbook PPO/GRPO loop:
+- rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
+  registry in mrl/algo/advantages.py, combines them; the loop itself never asks which algorithm it runs;
+- dynamic sampling (DAPO) is a switch on any estimator: dead groups, to which the estimator gives no rollout a
+  non-zero advantage after the conditions and vetoes (what is trained on; mrl.algo.advantages.live_groups), are dropped
+  and more prompts are drawn until the batch is full of live groups or `algo.max_gen_batches` rounds were generated;
+- losses of micro-batches are divided by the mini-batch's size, so gradient accumulation is exact for both
+  aggregations (seq_mean, token_mean) and for any number of live groups.
+
+Data parallel (mrl/core/distributed.py; `torchrun ... -m mrl train`): each rank generates whole groups for its share
+of the global `trainer.prompts_per_step`; rewards are gathered from every rank before any batch statistic (the
+advantages, dynamic sampling's choice of live groups, the logged metrics), and losses are divided by global counts,
+so one config is one experiment on 1 or N ranks.  Every rank runs the same micro-batches (DeepSpeed's collectives
+need it): a rank with fewer rows repeats one with a zero loss mask.  Rank 0 alone writes logs.
+
+The run dir is locked while train() runs, and a stop loses no completed step (mrl/runs/rundir.py): SIGTERM or Ctrl-C
+during generation and scoring checkpoints the last completed step at once; during the update, its logs and a
+checkpoint write, the step is finished first.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
+
+from mrl.algo.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per_group
+from mrl.core import distributed as dist
+from mrl.core.episode import agent_metrics, sample_records
+from mrl.envs.task import build_task, episode_protocol
+from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine
+from mrl.modeling.lora import BaseReference, load_policy, uses_lora
+from mrl.modeling.models import (
+    Actor,
+    load_causal_lm,
+    load_tokenizer,
+    load_value_model,
+    quiet_transformers,
+    resolve_model_path,
+)
+from mrl.modeling.trainable import Trainable, pick_device
+from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
+from mrl.runs.checkpoint import CheckpointError, load_rng_state, save_checkpoint
+from mrl.runs.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
+from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
+from mrl.runs.warm_start import warm_start
+from mrl.train.collect import Collected, EveryRank, collect
+from mrl.train.evaluate import held_out_metrics, outcomes_path
+from mrl.train.update import Scores, UpdateBatch, score, update, update_metrics
+from mrl.train.validation import validate
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train per `cfg` (the composed `conf/train.yaml`), writing logs and checkpoints to `run_dir`, which it holds
+    locked: another process training there is refused (mrl.runs.rundir.RunDirLock).
+
+    Returns the last step's metrics."""
+    validate(cfg)  # before anything is written
+    dist.init()  # under a launcher: the run's process group (mrl train has started it already)
+    with RunDirLock(run_dir) if dist.is_main() else nullcontext():  # rank 0 holds it for every rank
+        return train_locked(cfg, run_dir)
+
+
+def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    run = start_run(cfg, run_dir)
+    stop = StopSignals(agree=dist.max_over_ranks if dist.world_size() > 1 else None)
+    metrics: dict[str, Any] = {}
+    try:
+        if run.state["step"] == 0:
+            log_base_eval(cfg, run)  # the untrained model's held-out score: the eval curve's first point
+        for step in range(run.state["step"] + 1, cfg.trainer.max_steps + 1):
+            metrics = train_step(cfg, run, step, stop)
+            stop.check()
+    except BaseException as err:
+        save_on_stop(run, stop, err)
+        raise
+    finally:
+        stop.restore()
+        run.close()
+    return metrics
+
+
+def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
+    """One step, the five phases in order; returns its metrics."""
+    clock = StepClock(run.device)
+    collected = collect(cfg, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,  # 1. rollouts
+                        run.state)
+    run.failing.update(collected.every.failed)  # stop rather than train on nothing (every rank's samples: all stop)
+    clock.rollouts_done()
+    scores = score(cfg, run.actor, run.reference, run.critic, collected.batch)  # 2. no gradients
+    batch, every = step_advantages(cfg, run, collected, scores)  # 3. every rank's rows -> this rank's UpdateBatch
+    stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
+    run.updating = True
+    updated = update_policy(cfg, run, batch, collected.skip_update)  # 4. optimizer steps, then sync the engine
+    clock.update_done()
+    run.state["step"] = step  # 5. log and checkpoint
+    metrics = step_metrics(cfg, run, step, collected, every, batch, updated, clock)
+    log_step(cfg, run, step, metrics, collected)
+    run.completed = dict(run.state)
+    run.updating = False
+    checkpoint_if_due(cfg, run, step)
+    return metrics
+
+
+def step_advantages(cfg: DictConfig, run: Run, collected: Collected, scores: Scores) -> tuple[UpdateBatch, EveryRank]:
+    """Phase 3: the estimator on every rank's rows (`EveryRank`), then this rank's: the batch the update trains on,
+    whose loss mask leaves out dropped rollouts and lockstep padding rows.  Returns it and every rank's rows (the
+    KL penalty added), for the step's metrics."""
+    mask = collected.batch.completion_mask.float()  # [N, T]
+    every = replace(collected.every, kl_penalty=collected.every.gather(scores.kl_penalty))
+    advantages, returns = global_advantages(run.estimator, every, run.reward_set.weights, mask, scores.values,
+                                            cfg.algo)  # [N, T], [N, T] | None
+    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
+    loss_mask = mask * keep.reshape(-1, 1).to(run.device)
+    return UpdateBatch(collected.batch, loss_mask, advantages, returns, scores.old_logprobs, scores.ref_logprobs,
+                       scores.values), every
+
+
+def global_advantages(estimator: Estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
+                      algo) -> tuple[Tensor, Tensor | None]:
+    """The estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's padding rows ->
+    (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
+    advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
+                                                     every.mask, every.gather(values), every.kl_penalty, algo)
+
+    def local(x: Tensor | None) -> Tensor | None:
+        return None if x is None else dist.pad_to(dist.local_rows(x, mask[:every.rows]), mask.shape)
+
+    return local(advantages), local(returns)
+
+
+def update_policy(cfg: DictConfig, run: Run, batch: UpdateBatch, skip: bool) -> dict[str, float | None]:
+    """Phase 4: the optimizer steps (none when dynamic sampling found no live group), then the rollout engine
+    samples the new weights.  Returns the update's metrics (mrl.train.update.update_metrics)."""
+    sums, mini_batches = {}, 0
+    if not skip:
+        sums, mini_batches = update(cfg, run.actor, run.critic, batch)
+        run.engine.sync_weights(run.actor.module.policy)
+    return update_metrics(sums, mini_batches)
+
+
+class StepClock:
+    """A step's times (rank 0's) and peak memory (the largest rank's): perf/... and mem/peak_mb."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.start = device, time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def rollouts_done(self) -> None:
+        self.rollout_s = time.perf_counter() - self.start
+        self.update_start = time.perf_counter()
+
+    def update_done(self) -> None:
+        self.update_s = time.perf_counter() - self.update_start
+
+    def metrics(self, generated_tokens: int) -> dict[str, float]:
+        return {"perf/step_s": time.perf_counter() - self.start, "perf/rollout_s": self.rollout_s,
+                "perf/update_s": self.update_s, "perf/tokens_per_s": generated_tokens / max(self.rollout_s, 1e-9),
+                "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(self.device))}
+
+
+@dataclass
+class Run:
+    """What the steps share: the models, the task and its rewards, the sinks, and where the run stands."""
+
+    run_dir: Path
+    device: torch.device
+    tokenizer: Any
+    actor: Trainable  # the policy (with a value head for PPO+head) and its optimizer
+    critic: Trainable | None  # PPO's separate value model
+    reference: Actor | None  # frozen, when algo.kl_coef > 0
+    engine: RolloutEngine  # generates the rollouts (rollout.engine)
+    task: Any
+    reward_set: RewardSet
+    estimator: Estimator
+    failing: FailureStreaks
+    metrics_file: MetricsFile
+    wandb: WandbSink | None
+    progress: Progress
+    identity: dict[str, Any]  # goes into every checkpoint's manifest
+    state: dict[str, Any]  # {"step", "prompt_position", "prices"}: what a checkpoint records; the step under way
+    completed: dict[str, Any]  # the state of the last completed step: what a stop before an update saves
+    saved_step: int  # the last step checkpointed
+    # From a step's first optimizer step to its end (logged), the weights are no longer the last completed step's.
+    updating: bool = False
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics_file.close()
+        if self.wandb is not None:
+            self.wandb.close()
+
+
+def start_run(cfg: DictConfig, run_dir: Path) -> Run:
+    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the sinks."""
+    algo, trainer = cfg.algo, cfg.trainer
+    estimator = ESTIMATORS[algo.advantage]
+    seed_everything(trainer.seed)
+    quiet_transformers()
+    device = pick_device(trainer.device)
+    reward_set = build_reward_set(cfg.rewards, algo)
+    task = build_task(cfg)
+
+    # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
+    resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
+    tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from, run_dir)
+    if dist.world_size() > 1:  # identical weights everywhere (above); from here each rank samples its own tokens
+        seed_everything(trainer.seed + 1_000_003 * dist.rank())
+
+    state = {"step": 0, "prompt_position": 0}
+    if resume_from is not None:
+        actor.load_optimizer(resume_from)
+        if critic is not None:
+            critic.load_optimizer(resume_from / "critic")
+        load_rng_state(resume_from, dist.rank())
+        state = json.loads((resume_from / "state.json").read_text())
+        reward_set.load_prices(state.get("prices"))  # the budgets' prices (lambda), exactly as saved
+    previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
+    # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
+    metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))
+    wandb = WandbSink(cfg.logger, run_dir, OmegaConf.to_container(cfg, resolve=True)) \
+        if cfg.logger.backend == "wandb" and dist.is_main() else None
+    progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
+                                             cfg.logger.log_every))
+    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
+    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator,
+               FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
+               run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
+
+
+def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
+    """Phase 5: metrics.jsonl, W&B, transcripts every `logger.samples_every` steps (one per group), the progress bar."""
+    run.metrics_file.log(metrics)
+    if run.wandb is not None:
+        run.wandb.log(metrics)
+    if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():
+        shown = collected.rounds[0]
+        rows = list(range(0, len(shown.episodes), shown.rollouts.group_size))[:4]
+        samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
+                                 run.reward_set.names)
+        write_samples(run.run_dir, samples)
+        if run.wandb is not None:
+            run.wandb.log_samples(step, samples)
+    run.progress.update(step, metrics)
+
+
+def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
+    """Phase 5: the held-out evaluation (mrl/train/evaluate.py) every `trainer.eval_every` steps, at step 0 (before any
+    update) and after the last: eval/<channel>/mean[@k], eval/accuracy, eval/pass@k, eval/<category>/accuracy,
+    and rank 0 writes every episode's outcome to held_out/step_<N>.jsonl; {} when not due.  Every rank scores the
+    same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its draws come from a separate RNG,
+    so the training rollouts are those of a run without evaluations."""
+    trainer = cfg.trainer
+    if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
+        return {}
+    outcomes = outcomes_path(run.run_dir, step) if dist.is_main() else None
+    return held_out_metrics(cfg, run.engine, run.task, episode_protocol(cfg, run.tokenizer, run.task), run.reward_set,
+                            run.device, run.actor.whole, outcomes)
+
+
+def log_base_eval(cfg: DictConfig, run: Run) -> None:
+    """Step 0's record in metrics.jsonl and W&B: the held-out evaluation of the model before training, if any (and
+    not skipped: trainer.eval_at_start=false)."""
+    metrics = eval_if_due(cfg, run, 0) if cfg.trainer.eval_at_start else {}
+    if metrics:
+        run.metrics_file.log({"step": 0, **metrics})
+        if run.wandb is not None:
+            run.wandb.log({"step": 0, **metrics})
+
+
+def checkpoint_if_due(cfg: DictConfig, run: Run, step: int) -> None:
+    """Phase 5: every `trainer.save_every` steps and after the last."""
+    if step % cfg.trainer.save_every == 0 or step == cfg.trainer.max_steps:
+        save_checkpoint(run.run_dir, step, dict(run.state), run.actor, run.tokenizer, run.critic, run.identity)
+        run.saved_step = step
+
+
+def save_on_stop(run: Run, stop: StopSignals, err: BaseException) -> None:
+    """A crash (a failing reward channel), SIGTERM or Ctrl-C before a step's update: keep the last completed step's
+    weights.  The data position is that step's; the RNG has moved on, so a resume from here is not bit-exact.
+    From the update to the step's end nothing is saved: the weights have moved past the last completed step (a
+    signal there waits for the step's end instead).  After a failed checkpoint write, another attempt would fail
+    the same way."""
+    if run.updating or run.completed["step"] <= run.saved_step or isinstance(err, CheckpointError):
+        return
+    if dist.world_size() > 1 and not getattr(err, "agreed", False):  # a rank stopped alone: the others cannot save
+        return
+    stop.defer()
+    run.state.update(run.completed)
+    save_checkpoint(run.run_dir, run.completed["step"], dict(run.state), run.actor, run.tokenizer, run.critic,
+                    run.identity)
+
+
+def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: Path | None = None,
+                 run_dir: Path | None = None):
+    """(tokenizer, actor, critic or None, reference or None): the policy (with a value head for PPO+head; LoRA
+    adapters with model.lora.r > 0) and its optimizer, a separate critic with its own (PPO+model), a frozen reference
+    (kl_coef > 0).  All start from model.name_or_path, or from trainer.init_from's checkpoint
+    (mrl/runs/warm_start.py)."""
+    algo, trainer = cfg.algo, cfg.trainer
+    with dist.main_first():  # the built-in tiny model is built once, by rank 0; a warm start's model dir too
+        init_path = resolve_model_path(cfg.model)
+        if trainer.get("init_from") and run_dir is not None:
+            init_path = warm_start(trainer.init_from, cfg.model, run_dir)
+    tokenizer = load_tokenizer(init_path)
+    actor_module = Actor(load_policy(cfg.model, init_path, device, resume_from), value_head=algo.critic == "head")
+    actor_module.check_logits()  # the logits the trainer scores are those the model's own forward gives
+    critic = None
+    if estimator.needs_critic and algo.critic == "model":
+        critic_path = str(resume_from / "critic") if resume_from else init_path
+        critic = Trainable(load_value_model(critic_path, cfg.model, device), algo.critic_lr, trainer.weight_decay,
+                           trainer.grad_clip, cfg.deepspeed, trainer.micro_batch_size, device)
+    if resume_from is not None:
+        load_heads(resume_from, actor_module, critic)
+    actor = Trainable(actor_module, trainer.lr, trainer.weight_decay, trainer.grad_clip, cfg.deepspeed,
+                      trainer.micro_batch_size, device, lr_by_prefix={"value_head.": algo.critic_lr})
+    reference = None
+    if algo.kl_coef > 0 and uses_lora(cfg.model):
+        # The policy with its adapters off (mrl/modeling/lora.py): no second copy.
+        reference = BaseReference(actor.module)
+    elif algo.kl_coef > 0:
+        # In the weights' dtype the policy's forward sees (bf16 under DeepSpeed's bf16 mode), so that KL is 0 at start.
+        reference = Actor(load_causal_lm(init_path, cfg.model, device, weights=actor.module_dtype)
+                          ).eval().requires_grad_(False)
+    return tokenizer, actor, critic, reference
+
+
+def step_metrics(cfg: DictConfig, run: Run, step: int, collected: Collected, every: EveryRank, batch: UpdateBatch,
+                 updated: dict[str, float | None], clock: StepClock) -> dict[str, Any]:
+    """Phase 5: the step's metrics: rewards, advantages, groups and shaping (`batch_metrics`), the budgets' prices,
+    the update's, times and memory, the agents', and the held-out evaluation when due."""
+    metrics = batch_metrics(step, collected, every, run.reward_set, run.estimator, cfg.algo, batch)
+    if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
+        metrics.update(run.reward_set.update_prices(every.rewards))
+        run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
+    metrics.update(updated)
+    generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in collected.rounds))
+    metrics.update(clock.metrics(generated_tokens))
+    episodes = collected.episodes
+    metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
+    metrics.update(eval_if_due(cfg, run, step))  # held-out prompts, every trainer.eval_every steps
+    return metrics
+
+
+def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set: RewardSet, estimator: Estimator,
+                  algo, batch: UpdateBatch) -> dict[str, Any]:
+    """The step's reward, advantage, group and shaping metrics over every rank's rollouts (gathered; lockstep padding
+    rows left out), at the weights the advantages used (before the prices move)."""
+    G, K = collected.batch.group_size, len(reward_set.names)
+    weights = reward_set.weights
+    all_rewards = every.rewards.view(-1, G, K)  # [rounds*B, G, K]
+    shaped, mask = every.shaped, every.mask  # [B', G, K], [N, T]
+    advantages, loss_mask = every.gather(batch.advantages), every.gather(batch.loss_mask)  # [N, T]
+    metrics: dict[str, Any] = {"step": step}
+    metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
+    if every.kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
+        metrics["reward/kl_penalty/mean"] = -every.kl_penalty.sum(-1).mean().item()
+    sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # [N]
+    sequence_adv = sequence_adv.view(shaped.shape[:2]).cpu()  # [B', G]
+    shares = advantage_shares(estimator.contributions(shaped, weights, algo.adv_eps), sequence_adv)
+    metrics.update({f"adv/share/{name}": shares[k].item() for k, name in enumerate(reward_set.names)})
+    metrics.update({
+        "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
+        "adv/distinct_per_group": distinct_per_group(sequence_adv),
+        "groups/dead_frac_raw": dead_frac(reward_set.live(all_rewards, estimator)),
+        "rewards/failed_frac": every.failed.any(-1).float().mean().item(),
+        "groups/dead_frac": (None if collected.skip_update
+                             else dead_frac(reward_set.live(shaped, estimator))),
+        "dapo/skipped_update": float(collected.skip_update),
+        "dapo/gen_batches": len(collected.rounds),
+        "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
+        "dapo/live_groups": collected.num_live,
+    })
+    # The shaping statistics are fractions of the batch's rollouts: their row-weighted mean over ranks is the whole.
+    metrics.update(dist.mean_over_ranks(collected.shaping_stats, weight=collected.rows))
+    return metrics
+
+
+def dead_frac(live: Tensor) -> float:
+    """live: BoolTensor [B] -> the fraction of groups that are not live."""
+    return (~live).float().mean().item()
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> float:
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).item()
+
+
+def masked_std(values: Tensor, mask: Tensor) -> float:
+    mean = masked_mean(values, mask)
+    return (((values - mean) ** 2 * mask).sum() / mask.sum().clamp(min=1)).sqrt().item()
+
+
+def reward_metrics(rewards: Tensor, weights: Tensor, names: list[str]) -> dict[str, float]:
+    """Per-channel mean, std and abstention share over every rollout generated this step (abstentions left out),
+    and the weighted total (an abstention counting 0 in it)."""
+    flat = rewards.reshape(-1, rewards.shape[-1])  # [M, K]
+    out = {}
+    for k, name in enumerate(names):
+        present = flat[:, k][~torch.isnan(flat[:, k])]
+        out[f"reward/{name}/mean"] = present.mean().item() if len(present) else None
+        out[f"reward/{name}/std"] = present.std().item() if len(present) > 1 else 0.0
+        out[f"reward/{name}/abstain_frac"] = 1.0 - len(present) / max(flat.shape[0], 1)
+    out["reward/total/mean"] = (torch.nan_to_num(flat) * weights).sum(-1).mean().item()
+    return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """GPU: peak allocated this step.  CPU: the process's peak resident set size so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load_heads(checkpoint: Path, actor: Actor, critic: Trainable | None) -> None:
+    from safetensors.torch import load_file
+
+    if actor.value_head is not None:
+        actor.load_state_dict(load_file(checkpoint / "value_head.safetensors"), strict=False)
+    if critic is not None:
+        critic.module.load_state_dict(load_file(checkpoint / "critic_head.safetensors"), strict=False)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

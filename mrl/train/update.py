@@ -1,0 +1,264 @@
+"""The update's side of a step: the rollouts scored without gradients (phase 2, `score`: old and reference
+log-probs, old values, PPO's KL penalty, one `Scores` record), and the optimizer steps (phase 4, `update`: epochs x
+mini-batches x micro-batches around `micro_loss`, on an `UpdateBatch`); both score tokens with `policy_forward`
+(and `value_forward`, PPO's separate critic).
+
+Losses of micro-batches are divided by their mini-batch's count (tokens or sequences, as the aggregation says:
+mrl.algo.losses.AGGREGATIONS), and that count by the number of ranks, so gradient accumulation and DeepSpeed's mean over
+ranks give exactly the gradient of the whole mini-batch on one process.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from mrl.algo.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
+from mrl.core import distributed as dist
+from mrl.generation.rollout import Rollouts, Sampling
+from mrl.modeling.models import position_ids
+from mrl.modeling.trainable import Trainable
+
+UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
+
+
+@dataclass
+class UpdateBatch:
+    """What the update trains on, handed from scoring (phases 2 and 3) to the update (phase 4): the rollouts and,
+    per completion token [N, T], what the loss needs of them."""
+
+    rollouts: Rollouts
+    loss_mask: Tensor  # [N, T] generated tokens of the rows trained on (dropped rollouts, lockstep padding: 0)
+    advantages: Tensor  # [N, T]
+    returns: Tensor | None = None  # [N, T] the value loss's targets (PPO)
+    old_logprobs: Tensor | None = None  # [N, T] the sampling policy's; None: the update's own, detached
+    ref_logprobs: Tensor | None = None  # [N, T] the reference's (KL), or None
+    old_values: Tensor | None = None  # [N, T] (PPO)
+
+    @property
+    def rows(self) -> int:
+        return self.loss_mask.shape[0]
+
+    def take(self, rows: Tensor) -> "UpdateBatch":
+        """The batch at `rows` [M] (a micro-batch), trimmed to its own widths (`Rollouts.trimmed`): the columns its
+        rows all pad are never computed, and every per-token tensor keeps the completion's first T' columns."""
+        at = rows.to(self.loss_mask.device)
+        rollouts = self.rollouts.take(rows).trimmed()
+        width = rollouts.completion_ids.shape[1]  # T': the cut columns are padding of every row, loss mask 0
+        pick = lambda x: None if x is None else x[at, :width]  # noqa: E731
+        return UpdateBatch(rollouts, pick(self.loss_mask), pick(self.advantages), pick(self.returns),
+                           pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
+
+
+def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
+           batch: UpdateBatch) -> tuple[dict[str, float], int]:
+    """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
+    step per mini-batch.  Returns (per-mini-batch sums of the update metrics, number of mini-batches)."""
+    algo, trainer = cfg.algo, cfg.trainer
+    warp = Sampling.of(trainer).truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
+    actor.module.train()
+    if critic is not None:
+        critic.module.train()  # gradient checkpointing (and dropout, if any) only act in train mode
+    sums: dict[str, float] = {}
+    mini_batches = 0
+    for _ in range(algo.epochs):
+        # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
+        for mini in torch.randperm(batch.rows).tensor_split(trainer.num_mini_batches):
+            if not len(mini):
+                continue
+            mini_batches += 1
+            mini_mask = batch.loss_mask[mini.to(batch.loss_mask.device)]
+            # The global mini-batch's count over the number of ranks: DeepSpeed's mean over ranks of the gradients is
+            # then the gradient of the global mini-batch (mrl.core.distributed.per_rank_denominator).
+            tokens = dist.per_rank_denominator(mini_mask.sum().item())
+            denom = tokens if AGGREGATIONS[algo.loss_agg].per_token else \
+                dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
+            micros = micro_batches(mini, trainer.micro_batch_size, batch.rollouts.group_size)
+            for i, rows in enumerate(micros):
+                micro = batch.take(rows)
+                loss, stats = micro_loss(algo, actor, micro, denom, tokens, trainer.temperature, warp)
+                last = i == len(micros) - 1
+                grad_norm = actor.accumulate(loss, last)
+                if critic is not None:
+                    v_loss = micro_value_loss(algo, value_forward(critic, micro.rollouts), micro, denom)
+                    critic.accumulate(v_loss, last)
+                    stats["loss/value"] = v_loss.item()
+                if grad_norm is not None:
+                    stats["grad_norm"] = grad_norm
+                accumulate(sums, stats)
+    return sums, mini_batches
+
+
+def micro_batches(mini: Tensor, size: int, group_size: int) -> list[Tensor]:
+    """The rows of a mini-batch `mini` [M] (shuffled row indices) cut into micro-batches of at most `size` rows along
+    groups: each group's rows together (groups in the order their first row was drawn), so that a prompt shared by
+    a group runs once per micro-batch that holds it (mrl.modeling.models.Actor's `prompt_width`), ~one pass per prompt a
+    mini-batch, not one per micro-batch.  The mini-batch's gradient is unchanged: its loss is the sum of its rows',
+    over a denominator fixed for the mini-batch.  One that fits a micro-batch is kept in the order drawn."""
+    if len(mini) <= size:
+        return [mini]
+    group = mini // group_size  # [M] rows g*G .. g*G+G-1 are group g's (mrl.generation.rollout.Rollouts)
+    position = torch.arange(len(mini))
+    first = torch.full((int(group.max()) + 1,), len(mini)).scatter_reduce(0, group, position, "amin")
+    order = torch.argsort(first[group] * len(mini) + position)  # by group's first draw, then as drawn
+    return list(mini[order].split(size))
+
+
+def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
+               warp=None) -> tuple[Tensor, dict[str, float]]:
+    """One micro-batch's part of its mini-batch's policy loss, and of the update's metrics.
+
+    loss = surrogate - entropy_coef * entropy (+ kl_coef * k3 KL with algo.kl_mode=loss) (+ vf_coef * the value
+    head's loss, PPO+head), each aggregated (algo.loss_agg) over `micro.loss_mask` and divided by the mini-batch's
+    `denom` (its tokens for token_mean, its sequences for seq_mean), so that the micro-batches' losses sum to the
+    mini-batch's.  The metrics (loss/policy, loss/total, kl, entropy, clip_frac, policy/approx_kl, loss/value) are
+    this micro-batch's parts likewise: token means over the mini-batch's `tokens`.  `actor`: the policy (an
+    mrl.modeling.models.Actor) scoring `micro.rollouts` at `temperature`, truncated by `warp` (Sampling.truncation()).
+    """
+    mask = micro.loss_mask
+    # The entropy is logged; it carries gradients only for an entropy bonus.
+    logprobs, entropy, values = policy_forward(actor, micro.rollouts, temperature, entropy=True,
+                                               entropy_grad=algo.entropy_coef != 0, warp=warp)
+    old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+    pg_loss, clipped = clipped_surrogate(logprobs, old, micro.advantages, algo.clip_low, algo.clip_high)
+    loss = aggregate(pg_loss, mask, algo.loss_agg, denom)
+    loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg, denom)
+    stats: dict[str, float] = {}
+    if micro.ref_logprobs is not None:
+        kl = kl_k3(logprobs, micro.ref_logprobs)
+        if algo.kl_mode == "loss":
+            loss = loss + algo.kl_coef * aggregate(kl, mask, algo.loss_agg, denom)
+        stats["kl"] = token_mean_part(kl, mask, tokens)
+    if values is not None:  # PPO with a value head on the policy
+        v_loss = micro_value_loss(algo, values, micro, denom)
+        loss = loss + algo.vf_coef * v_loss
+        stats["loss/value"] = v_loss.item()
+    stats.update({
+        "loss/policy": aggregate(pg_loss.detach(), mask, algo.loss_agg, denom).item(),
+        "loss/total": loss.item(),
+        "entropy": token_mean_part(entropy, mask, tokens),
+        "clip_frac": token_mean_part(clipped, mask, tokens),
+        # the ratio's k3 estimate of KL(old || new): http://joschu.net/blog/kl-approx.html
+        "policy/approx_kl": token_mean_part(kl_k3(logprobs.detach(), old), mask, tokens),
+    })
+    return loss, stats
+
+
+def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> Tensor:
+    """The clipped value loss of `values` [M, T] (the policy's value head, or PPO's separate critic) against
+    `micro.returns`, aggregated as the policy loss is (over `micro.loss_mask`, divided by the mini-batch's `denom`)."""
+    return aggregate(value_loss(values, micro.old_values, micro.returns, algo.value_clip), micro.loss_mask,
+                     algo.loss_agg, denom)
+
+
+def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
+    """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
+    without a reference model, loss/value without a critic, every one when dynamic sampling skipped the update."""
+    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()})
+    for key in UPDATE_KEYS:
+        metrics.setdefault(key, None)
+    return metrics
+
+
+def single_update(cfg: DictConfig) -> bool:
+    """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated is
+    the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second pass."""
+    return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
+
+
+@dataclass
+class Scores:
+    """Phase 2: the batch scored without gradients, per completion token [N, T]."""
+
+    old_logprobs: Tensor | None  # the sampling policy's; None: the update takes its own, detached (`single_update`)
+    ref_logprobs: Tensor | None  # the reference's (algo.kl_coef > 0)
+    values: Tensor | None  # the critic's or the value head's (PPO)
+    kl_penalty: Tensor | None = None  # PPO's per-token KL penalty in the reward (algo.kl_mode=reward)
+
+
+def score(cfg: DictConfig, actor: Trainable, reference, critic: Trainable | None, batch: Rollouts) -> Scores:
+    """Phase 2: `batch` scored by the policy, the reference and the critic, their weights whole (ZeRO-3)."""
+    trainer = cfg.trainer
+    with actor.whole(), critic.whole() if critic is not None else nullcontext():
+        scores = score_rollouts(actor, reference, critic, batch, trainer.micro_batch_size, trainer.temperature,
+                                policy=not single_update(cfg), warp=Sampling.of(trainer).truncation())
+    scores.kl_penalty = reward_kl_penalty(cfg.algo, scores, batch.completion_mask.float())
+    return scores
+
+
+def reward_kl_penalty(algo, scores: Scores, mask: Tensor) -> Tensor | None:
+    """PPO's per-token KL penalty in the reward (algo.kl_mode=reward), [N, T]; None without a reference model or
+    with KL in the loss."""
+    if scores.ref_logprobs is None or algo.kl_mode != "reward":
+        return None
+    return algo.kl_coef * kl_k3(scores.old_logprobs, scores.ref_logprobs) * mask
+
+
+@torch.no_grad()
+def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
+                   temperature: float, policy: bool = True, warp=None) -> Scores:
+    """Old log-probs (None when not `policy`), reference log-probs (or None) and old values (or None), [N, T] each,
+    micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by `warp` under top_k /
+    top_p; the reference's by its own top-k / top-p)."""
+    actor.module.eval()
+    if critic is not None:
+        critic.module.eval()
+    old, ref, values = [], [], []
+    for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
+        micro, head_values = batch.take(rows), None
+        if policy or actor.module.value_head is not None:  # the value head's old values need this pass anyway
+            logprobs, _, head_values = policy_forward(actor, micro, temperature, warp=warp)
+            old.append(logprobs)
+        if reference is not None:
+            ref.append(policy_forward(reference, micro, temperature, warp=warp)[0])
+        if critic is not None:
+            values.append(value_forward(critic, micro))
+        elif head_values is not None:
+            values.append(head_values)
+    cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
+    return Scores(cat(old), cat(ref), cat(values))
+
+
+def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
+    """Add `stats` into `sums`, key by key."""
+    for key, value in stats.items():
+        sums[key] = sums.get(key, 0.0) + value
+
+
+def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:
+    """This micro-batch's share of the token mean of `values` over its mini-batch of `tokens` generated tokens
+    (summed over micro-batches; per rank: mrl.core.distributed.per_rank_denominator)."""
+    return ((values.detach() * micro_mask).sum() / tokens).item()
+
+
+def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bool = False,
+                   entropy_grad: bool = False, warp=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Per-token log-probs of the completion under `actor` (an mrl.modeling.models.Actor, maybe inside an engine), of
+    the distribution the rollouts were sampled from: logits / temperature, truncated as the sampler truncates under
+    top_k / top_p (`warp`: Sampling.truncation(); TRL and verl leave the truncation out).
+
+    Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
+    values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
+    before it.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
+    """
+    attention_mask = batch.attention_mask
+    # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end (scoring nothing).
+    keep = batch.completion_ids.shape[1] + 1
+    logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
+                                        prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
+                                        temperature=temperature, entropy=entropy, entropy_grad=entropy_grad,
+                                        warp=warp)
+    values = values[:, :-1].float() if values is not None else None
+    return logprobs, entropies, values
+
+
+def value_forward(critic, batch: Rollouts) -> Tensor:
+    """Values of the state before each completion token, from a separate critic (mrl.modeling.models.ValueModel).  ->
+        [N, T]"""
+    attention_mask = batch.attention_mask
+    values = critic(batch.input_ids, attention_mask, position_ids(attention_mask))
+    return values[:, batch.prompt_ids.shape[1] - 1:-1].float()
