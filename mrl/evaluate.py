@@ -36,7 +36,7 @@ from mrl.restore import adapter_base, load_for_inference
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.rundir import atomic_write_jsonl, atomic_write_text, intact_checkpoint
-from mrl.tasks import build_task, episode_protocol, held_out_prompts
+from mrl.tasks import Task, build_task, episode_protocol, held_out_prompts
 from mrl.trainable import pick_device
 from mrl.validation import validate
 
@@ -97,7 +97,7 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 
-def held_out_metrics(cfg, engine: RolloutEngine, task: Any, protocol, reward_set: RewardSet, device: torch.device,
+def held_out_metrics(cfg, engine: RolloutEngine, task: Task, protocol, reward_set: RewardSet, device: torch.device,
                      whole, outcomes: Path | None = None) -> dict[str, Any]:
     """A training run's held-out evaluation (`mrl train`, `mrl sft`): `trainer.eval_prompts` held-out prompts of
     `task` scored per `cfg.trainer`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/...
@@ -273,7 +273,7 @@ def separate_rng(seed: int, device: torch.device) -> Iterator[None]:
             np.random.set_state(numpy)
 
 
-def nonempty_held_out(task: Any, count: int) -> list[Prompt]:
+def nonempty_held_out(task: Task, count: int) -> list[Prompt]:
     """`count` held-out prompts of `task` (fewer when its held-out split is smaller), refusing none at all."""
     prompts = held_out_prompts(task, count)
     if not prompts:

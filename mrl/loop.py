@@ -56,7 +56,7 @@ from mrl.models import Actor, load_causal_lm, load_tokenizer, load_value_model, 
 from mrl.rewards.channels import FailureStreaks, RewardSet, build_reward_set
 from mrl.rollout import ROLLOUT_ENGINES, RolloutEngine
 from mrl.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
-from mrl.tasks import build_task, episode_protocol
+from mrl.tasks import Task, build_task, episode_protocol
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 from mrl.trainable import Trainable, pick_device
 from mrl.update import Scores, UpdateBatch, score, update, update_metrics
@@ -185,7 +185,7 @@ class Run:
     critic: Trainable | None  # PPO's separate value model
     reference: Actor | None  # frozen, when algo.kl_coef > 0
     engine: RolloutEngine  # generates the rollouts (rollout.engine)
-    task: Any
+    task: Task
     reward_set: RewardSet
     estimator: Estimator
     failing: FailureStreaks

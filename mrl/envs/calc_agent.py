@@ -25,13 +25,14 @@ from typing import Any
 from mrl.envs.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 from mrl.episode import Demonstration, Episode, Prompt, Reply, train_split_only
 from mrl.protocols import Tool
+from mrl.tasks import TaskBase
 
 CALC = "calc"
 INTEGER = re.compile(r"-?\d+")
 MAX_DIGITS = 40  # characters of an answer read as a number
 
 
-class CalcAgent:
+class CalcAgent(TaskBase):
     record_fields = ("target", "a", "b")  # what its channels read from a dataset record (mrl.tasks.check)
 
     def __init__(self, seed: int = 0, low: int = 10, high: int = 99, fewshot: int = 1, max_turns: int = 2):

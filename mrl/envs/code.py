@@ -26,12 +26,13 @@ from mrl.config import UserError
 from mrl.episode import Episode, Prompt
 from mrl.sandbox import SandboxLimits, SandboxResult, check_sandbox, run_tests_many, sandbox_name
 from mrl.sandbox.programs import complete_function, unfence
+from mrl.tasks import TaskBase
 
 TINY_WRAP = "def f(x):\n    return {completion}\n"
 PLACEHOLDER = "{completion}"
 
 
-class CodeTask:
+class CodeTask(TaskBase):
     record_fields = ("tests",)  # what its channels read from a dataset record (mrl.tasks.check)
     OPS = {"+": lambda x, k: x + k, "*": lambda x, k: x * k}
 
