@@ -36,7 +36,7 @@ def rows(records: int):
 
     import mrl.config  # noqa: F401  registers the schemas
     from mrl.config import CONF_DIR
-    from mrl.demonstrations import play, task_demonstrations
+    from mrl.demonstrations import play
     from mrl.models import load_tokenizer
     from mrl.tasks import build_task, episode_protocol
 
@@ -45,7 +45,7 @@ def rows(records: int):
     tokenizer = load_tokenizer(str(SMOLLM2))
     task = build_task(cfg)
     protocol = episode_protocol(cfg, tokenizer, task)
-    demos = task_demonstrations(task, "train")[:records]
+    demos = task.demonstrations("train")[:records]
     return [play(protocol, tokenizer, d, [tokenizer.eos_token_id]) for d in demos], tokenizer
 
 
