@@ -19,8 +19,7 @@ from mrl.data import DatasetTask
 from mrl.envs.calc_agent import CalcAgent
 from mrl.envs.tool_call import ToolCallTask
 from mrl.episode import Prompt
-from mrl.tasks import (DatasetPrompts, Task, TaskBase, UserTask, as_task, build_task, check_task, episode_protocol,
-                       held_out_prompts)
+from mrl.tasks import DatasetPrompts, Task, TaskBase, UserTask, as_task, build_task, check_task, episode_protocol
 from mrl.validation import validate
 
 TEST_CONF = Path(__file__).resolve().parent / "conf"
@@ -78,7 +77,7 @@ def test_a_users_task_without_the_base_builds_with_the_bases_defaults(tokenizer)
     assert task.prompt(3) == Prompt("add 3 5 =", meta={"target": 8})
     assert (task.max_turns, task.answer_words) == (2, ["1", "2"])  # its own
     assert (dict(task.tools), task.parallel_calls, task.environment, task.record_fields) == ({}, False, None, ())
-    assert held_out_prompts(task, 2) == [Prompt("add -1 5 =", meta={"target": 4}),
+    assert mrl.tasks.held_out_prompts(task, 2) == [Prompt("add -1 5 =", meta={"target": 4}),
                                          Prompt("add -2 5 =", meta={"target": 3})]
     protocol = episode_protocol(cfg, tokenizer, task)
     assert (protocol.max_turns, protocol.answer_words, protocol.tools) == (2, ("1", "2"), {})
