@@ -92,35 +92,36 @@ class TaskBase:
         return type(self).__name__
 
 
-# What each optional member must be: a wrong one is refused when the run is checked or the task built.
-KINDS: dict[str, tuple[tuple[type, ...], str]] = {
-    "tools": ((Mapping,), "a dict {name: mrl.protocols.Tool}"),
-    "max_turns": ((int,), "an int, the policy turns an episode may take"),
-    "answer_words": ((tuple, list), "a tuple of words"),
-    "parallel_calls": ((bool,), "True or False"),
-    "record_fields": ((tuple, list), "a tuple of field names"),
-    "no_demonstrations": ((str,), "a sentence saying why the task has no demonstrations"),
+# What each optional member must be: a wrong one is refused when the run is checked (a class's members) or the task
+# is built (those its __init__ sets), in one line.
+MEMBERS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tools": (lambda v: isinstance(v, Mapping), "a dict {name: mrl.protocols.Tool}"),
+    "max_turns": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                  "an int >= 1, the policy turns an episode may take"),
+    "answer_words": (lambda v: isinstance(v, (tuple, list)), "a tuple of words"),
+    "parallel_calls": (lambda v: isinstance(v, bool), "True or False"),
+    "record_fields": (lambda v: isinstance(v, (tuple, list)), "a tuple of field names"),
+    "no_demonstrations": (lambda v: isinstance(v, str), "a sentence saying why the task has no demonstrations"),
+    "eval_prompts": (callable, "a method"),
+    "demonstrations": (callable, "a method"),
+    "dataset_prompt": (callable, "a method"),
+    "environment": (lambda v: v is None or callable(v), "a method, or None"),
 }
-METHODS = ("eval_prompts", "demonstrations", "dataset_prompt", "environment")
-OPTIONAL = (*KINDS, *METHODS)
 
 
 def check_task(task: object) -> None:
     """Refuse a task (its class or itself) without `prompt(index)`, or with an optional member of the wrong kind, in
-    one line naming the class, the member and the fix."""
+    one line naming the class, the member and the fix.  A class's properties are checked on the task, once built."""
     cls = task if isinstance(task, type) else type(task)
     name = f"{cls.__module__}.{cls.__qualname__}"
     if not callable(getattr(task, "prompt", None)):
         raise UserError(f"task {name} has no `prompt(index)`: add it, or subclass mrl.tasks.TaskBase")
-    for member, (kinds, what) in KINDS.items():
-        value = getattr(task, member, None)
-        if value is not None and not isinstance(value, kinds):
+    for member, (fits, what) in MEMBERS.items():
+        if not hasattr(task, member):
+            continue
+        value = getattr(task, member)
+        if not fits(value) and not (task is cls and hasattr(type(value), "__get__")):
             raise UserError(f"task {name}'s `{member}` is {value!r}, not {what}: fix it, or leave it out for "
-                            f"mrl.tasks.TaskBase's default")
-    for member in METHODS:
-        value = getattr(task, member, None)
-        if value is not None and not callable(value):
-            raise UserError(f"task {name}'s `{member}` is {value!r}, not a method: make it one, or leave it out for "
                             "mrl.tasks.TaskBase's default")
 
 
@@ -130,7 +131,7 @@ class UserTask(TaskBase):
 
     def __init__(self, task: object):
         self.task = task
-        for member in ("prompt", *OPTIONAL):
+        for member in ("prompt", *MEMBERS):
             if hasattr(task, member):
                 setattr(self, member, getattr(task, member))
 

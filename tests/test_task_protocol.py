@@ -43,8 +43,8 @@ class Plain:
 
     answer_words = ["1", "2"]
 
-    def __init__(self, seed: int = 0):
-        self.seed, self.max_turns = seed, 2
+    def __init__(self, seed: int = 0, turns: int = 2):
+        self.seed, self.max_turns = seed, turns
 
     def prompt(self, index: int) -> Prompt:
         return Prompt(f"add {index} {self.seed} =", meta={"target": index + self.seed})
@@ -62,10 +62,27 @@ def test_a_task_without_prompt_is_refused_in_one_line_when_the_run_is_checked():
 def test_an_optional_member_of_the_wrong_kind_is_refused_naming_it():
     with pytest.raises(UserError) as err:
         validate(compose_config(f"rewards.task._target_={HERE}.WrongTurns"))
-    assert str(err.value) == (f"task {HERE}.WrongTurns's `max_turns` is '3', not an int, the policy turns an "
+    assert str(err.value) == (f"task {HERE}.WrongTurns's `max_turns` is '3', not an int >= 1, the policy turns an "
                               "episode may take: fix it, or leave it out for mrl.tasks.TaskBase's default")
-    with pytest.raises(UserError, match=r"`environment` is 7, not a method"):
+    with pytest.raises(UserError, match=r"^task test_task_protocol.Plain's `max_turns` is 0, not an int >= 1"):
+        as_task(Plain(turns=0))  # set by __init__: refused where the task is built
+    with pytest.raises(UserError, match=r"`environment` is 7, not a method, or None"):
         check_task(type("Env", (TaskBase,), {"prompt": Plain.prompt, "environment": 7}))
+    with pytest.raises(UserError, match=r"`tools` is None, not a dict"):
+        as_task(type("NoTools", (), {"prompt": Plain.prompt, "tools": None})())
+
+
+def test_a_property_is_checked_on_the_built_task_not_on_its_class():
+    class Turns:
+        def prompt(self, index: int) -> Prompt:
+            return Prompt("add 1 2 =")
+
+        @property
+        def max_turns(self) -> int:
+            return 4
+
+    check_task(Turns)  # the class holds a property, not an int
+    assert as_task(Turns()).max_turns == 4
 
 
 def test_a_users_task_without_the_base_builds_with_the_bases_defaults(tokenizer):
