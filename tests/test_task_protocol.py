@@ -4,6 +4,9 @@ user's task without a required member, or with an optional one of the wrong kind
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,8 @@ from mrl.episode import Prompt
 from mrl.tasks import DatasetPrompts, Task, TaskBase, UserTask, as_task, build_task, check_task, episode_protocol
 from mrl.validation import validate
 
-TEST_CONF = Path(__file__).resolve().parent / "conf"
+TESTS = Path(__file__).resolve().parent
+TEST_CONF = TESTS / "conf"
 HERE = Path(__file__).stem  # this module, as Hydra imports a user's task from it
 
 
@@ -57,6 +61,15 @@ def test_a_task_without_prompt_is_refused_in_one_line_when_the_run_is_checked():
                               "mrl.tasks.TaskBase")
     with pytest.raises(UserError, match=r"^task test_task_protocol.NoPrompt has no `prompt\(index\)`"):
         as_task(NoPrompt())  # a factory's task, checked where it is built
+
+
+def test_the_user_sees_one_line_and_nothing_is_written(tmp_path):
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "mrl", "train", f"rewards.task._target_={HERE}.NoPrompt"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=environ)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"mrl: error: task {HERE}.NoPrompt has no `prompt(index)`: add it, or subclass mrl.tasks.TaskBase"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_optional_member_of_the_wrong_kind_is_refused_naming_it():
@@ -95,7 +108,7 @@ def test_a_users_task_without_the_base_builds_with_the_bases_defaults(tokenizer)
     assert (task.max_turns, task.answer_words) == (2, ["1", "2"])  # its own
     assert (dict(task.tools), task.parallel_calls, task.environment, task.record_fields) == ({}, False, None, ())
     assert mrl.tasks.held_out_prompts(task, 2) == [Prompt("add -1 5 =", meta={"target": 4}),
-                                         Prompt("add -2 5 =", meta={"target": 3})]
+                                                   Prompt("add -2 5 =", meta={"target": 3})]
     protocol = episode_protocol(cfg, tokenizer, task)
     assert (protocol.max_turns, protocol.answer_words, protocol.tools) == (2, ("1", "2"), {})
     with pytest.raises(UserError, match=r"^rewards.task Plain gives no demonstrations: it has no solved episodes"):
