@@ -129,7 +129,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     tokenizer = load_tokenizer(init_path)
     actor = Trainable(Actor(load_policy(cfg.model, init_path, device, resume_from)), s.lr, cfg.trainer.weight_decay,
                       cfg.trainer.grad_clip, cfg.deepspeed, s.micro_batch_size, device)
-    task = build_task(cfg, dataset=False)  # no task: data.path's
+    task = build_task(cfg, dataset=False)  # its own prompts (data.path holds conversations); no task: data.path's
     rows = demonstration_rows(cfg, task, tokenizer, end_token_ids(actor.module.policy, tokenizer))
     steps = s.steps or max(1, math.ceil(s.epochs * len(rows) / s.batch_size))
     state = {"step": 0, "prompt_position": 0}
