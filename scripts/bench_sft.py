@@ -38,14 +38,14 @@ def rows(records: int):
     from mrl.core.config import CONF_DIR
     from mrl.envs.task import build_task, episode_protocol
     from mrl.modeling.models import load_tokenizer
-    from mrl.train.demonstrations import play, task_demonstrations
+    from mrl.train.demonstrations import play
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("sft", overrides=overrides(records))
     tokenizer = load_tokenizer(str(SMOLLM2))
     task = build_task(cfg)
     protocol = episode_protocol(cfg, tokenizer, task)
-    demos = task_demonstrations(task, "train")[:records]
+    demos = task.demonstrations("train")[:records]
     return [play(protocol, tokenizer, d, [tokenizer.eos_token_id]) for d in demos], tokenizer
 
 

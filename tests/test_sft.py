@@ -27,7 +27,7 @@ from mrl.generation.rollout import Sampling, generate
 from mrl.modeling.models import load_tokenizer
 from mrl.rewards.channels import build_reward_set
 from mrl.runs.tracking import METRICS_FILE, read_metrics
-from mrl.train.demonstrations import conversation, play, reply_turns, task_demonstrations
+from mrl.train.demonstrations import conversation, play, reply_turns
 from mrl.train.sft import batch_of, cut_to_length, sft, sft_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def round_trip(tokenizer, overrides: list[str]) -> tuple[int, list]:
     task = build_task(cfg)
     protocol = episode_protocol(cfg, tokenizer, task)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
-    played = [play(protocol, tokenizer, d, [tokenizer.eos_token_id]) for d in task_demonstrations(task, "train", 64)]
+    played = [play(protocol, tokenizer, d, [tokenizer.eos_token_id]) for d in task.demonstrations("train", 64)]
     rewards, _ = reward_set.score([p.episode for p in played], "raise")
     bad = []
     for p, row in zip(played, rewards.tolist()):
@@ -185,7 +185,7 @@ def test_humaneval_gives_no_demonstrations_and_says_why_in_one_line():
     from mrl.envs.humaneval import HumanEvalTask
 
     with pytest.raises(UserError) as err:
-        task_demonstrations(HumanEvalTask())
+        HumanEvalTask().demonstrations()
     assert "no train split" in str(err.value) and "\n" not in str(err.value)
 
 

@@ -173,7 +173,7 @@ def test_a_preset_of_trl_channels_alone_trains_on_data_path(tmp_path):
     cfg = compose_config(SEARCH, "rewards=trl_style", f"data.path={path}", "algo=gdpo", "trainer.max_steps=1")
     validate(cfg)
     task = build_task(cfg)
-    assert isinstance(task, DatasetTask) and len(task.split.train) + len(task.split.eval) == 9
+    assert isinstance(task.dataset, DatasetTask) and len(task.dataset.split.train) + len(task.dataset.split.eval) == 9
     metrics = train(cfg, tmp_path / "run")
     assert metrics["step"] == 1 and math.isfinite(metrics["reward/accuracy/mean"])
     assert metrics["reward/length/mean"] <= 0  # -|10 - len|, never above 0

@@ -30,13 +30,14 @@ from typing import Any
 
 from mrl.chat.protocols import Tool
 from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
+from mrl.envs.task import TaskBase
 
 CALC, HACK = "calc", "hack"
 QUESTIONS = {"add": "What is ({}) mod 10?", "max": "What is the largest of {}?", "min": "What is the smallest of {}?"}
 INSTRUCTION = "Reply with the digit alone, or call a tool."
 
 
-class AgentTriple:
+class AgentTriple(TaskBase):
     record_fields = ("target",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"add": lambda digits: sum(digits) % 10, "max": max, "min": min}
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from mrl.chat.protocols import Tool
 from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
+from mrl.envs.task import TaskBase
 from mrl.envs.tool_call import INTEGERS  # the same two-integer parameters as tool_call's calc
 
 CALC = "calc"
@@ -31,7 +32,7 @@ INTEGER = re.compile(r"-?\d+")
 MAX_DIGITS = 40  # characters of an answer read as a number
 
 
-class CalcAgent:
+class CalcAgent(TaskBase):
     record_fields = ("target", "a", "b")  # what its channels read from a dataset record (mrl.envs.task.check)
 
     def __init__(self, seed: int = 0, low: int = 10, high: int = 99, fewshot: int = 1, max_turns: int = 2):

@@ -24,6 +24,7 @@ import random
 
 from mrl.core.config import UserError
 from mrl.core.episode import Episode, Prompt
+from mrl.envs.task import TaskBase
 from mrl.sandbox import SandboxLimits, SandboxResult, check_sandbox, run_tests_many, sandbox_name
 from mrl.sandbox.programs import complete_function, unfence
 
@@ -31,7 +32,7 @@ TINY_WRAP = "def f(x):\n    return {completion}\n"
 PLACEHOLDER = "{completion}"
 
 
-class CodeTask:
+class CodeTask(TaskBase):
     record_fields = ("tests",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"+": lambda x, k: x + k, "*": lambda x, k: x * k}
 

@@ -53,6 +53,7 @@ import types
 from mrl.core.config import UserError
 from mrl.core.data import SplitPrompts
 from mrl.core.episode import Prompt
+from mrl.envs.task import TaskBase
 from mrl.sandbox import MATH, SAFE_FUNCS, SandboxLimits, passes_if_every_probe_returns, run_tests, test_error
 from mrl.sandbox.programs import complete_function
 
@@ -338,7 +339,7 @@ def _prompt(problem: dict) -> Prompt:
         "prefix": problem["prompt"]})
 
 
-class HumanEvalTask:
+class HumanEvalTask(TaskBase):
     """HumanEval's problems as prompts: a fixed held-out split (the same for every seed: `eval_fraction` of the
     problems, by task id), and the rest served by `prompt(index)`, reshuffled each epoch by `seed` (mrl.core.data
     .SplitPrompts, as a dataset's).  A prompt's `text` is the problem's prompt (a completion continues it: the body),

@@ -14,11 +14,12 @@ import random
 import re
 
 from mrl.core.episode import Episode, Prompt
+from mrl.envs.task import TaskBase
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-class MathLengthTask:
+class MathLengthTask(TaskBase):
     record_fields = ("answer",)  # what its channels read from a dataset record (mrl.envs.task.check)
     OPS = {"max": max, "min": min}
     WORDS = {"max": "larger", "min": "smaller"}

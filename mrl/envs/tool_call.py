@@ -20,6 +20,7 @@ from typing import Any
 
 from mrl.chat.protocols import Tool, read_call
 from mrl.core.episode import Demonstration, Episode, Prompt, Reply, train_split_only
+from mrl.envs.task import TaskBase
 
 OP_TO_TOOL = {"add": "calc", "max": "lookup"}
 TOOL_PARAMS = {"calc": ["a", "b"], "lookup": ["a", "b"]}
@@ -28,7 +29,7 @@ INTEGERS = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"ty
             "required": ["a", "b"]}
 
 
-class ToolCallTask:
+class ToolCallTask(TaskBase):
     record_fields = ("call",)  # what its channels read from a dataset record (mrl.envs.task.check)
 
     def __init__(self, seed: int = 0):

@@ -218,16 +218,3 @@ def play_conversation(tokenizer, protocol_for, record: dict[str, Any], where: st
     demo, transcript = conversation(record, where)
     protocol = protocol_for(lambda prompt: transcript)
     return play(protocol, tokenizer, demo, end_ids)
-
-
-def task_demonstrations(task: Any, split: str = "train", count: int = 256) -> list[Demonstration]:
-    """`task.demonstrations(split)` (a generator's first `count`), or one line saying why the task has none."""
-    make = getattr(task, "demonstrations", None)
-    if make is None:
-        reason = getattr(task, "no_demonstrations", None) or "it has no solved episodes to learn from"
-        raise UserError(f"rewards.task {type(task).__name__} gives no demonstrations: {reason}; choose a task "
-                        "that has them (bfcl, bfcl_agent, calc_agent, agent_triple, tool_call) or give your own "
-                        "conversations with data.path=FILE.jsonl")
-    import inspect
-
-    return make(split, count) if "count" in inspect.signature(make).parameters else make(split)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from mrl.core.config import CONF_DIR, UserError
 from mrl.core.episode import Prompt
-from mrl.envs.task import build_task, episode_protocol, held_out_prompts
+from mrl.envs.task import Task, build_task, episode_protocol, held_out_prompts
 from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine, Rollouts, Sampling
 from mrl.modeling import fits
 from mrl.modeling.lora import is_adapter_dir
@@ -97,7 +97,7 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 
-def held_out_metrics(cfg, engine: RolloutEngine, task: Any, protocol, reward_set: RewardSet, device: torch.device,
+def held_out_metrics(cfg, engine: RolloutEngine, task: Task, protocol, reward_set: RewardSet, device: torch.device,
                      whole, outcomes: Path | None = None) -> dict[str, Any]:
     """A training run's held-out evaluation (`mrl train`, `mrl sft`): `trainer.eval_prompts` held-out prompts of
     `task` scored per `cfg.trainer`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/...
@@ -273,7 +273,7 @@ def separate_rng(seed: int, device: torch.device) -> Iterator[None]:
             np.random.set_state(numpy)
 
 
-def nonempty_held_out(task: Any, count: int) -> list[Prompt]:
+def nonempty_held_out(task: Task, count: int) -> list[Prompt]:
     """`count` held-out prompts of `task` (fewer when its held-out split is smaller), refusing none at all."""
     prompts = held_out_prompts(task, count)
     if not prompts:

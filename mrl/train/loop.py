@@ -48,7 +48,7 @@ from torch import Tensor
 from mrl.algo.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per_group
 from mrl.core import distributed as dist
 from mrl.core.episode import agent_metrics, sample_records
-from mrl.envs.task import build_task, episode_protocol
+from mrl.envs.task import Task, build_task, episode_protocol
 from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine
 from mrl.modeling.lora import BaseReference, load_policy, uses_lora
 from mrl.modeling.models import (
@@ -192,7 +192,7 @@ class Run:
     critic: Trainable | None  # PPO's separate value model
     reference: Actor | None  # frozen, when algo.kl_coef > 0
     engine: RolloutEngine  # generates the rollouts (rollout.engine)
-    task: Any
+    task: Task
     reward_set: RewardSet
     estimator: Estimator
     failing: FailureStreaks

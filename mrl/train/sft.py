@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
@@ -35,7 +34,7 @@ from mrl.chat.protocols import ProtocolSettings, chat_protocol
 from mrl.core import distributed as dist
 from mrl.core.config import UserError
 from mrl.core.data import EpochStream, load_records, split_train_eval
-from mrl.envs.task import dataset_task, episode_protocol, has_task
+from mrl.envs.task import Task, build_task, episode_protocol
 from mrl.generation.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids
 from mrl.modeling.lora import load_policy
 from mrl.modeling.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
@@ -45,7 +44,7 @@ from mrl.runs.checkpoint import load_rng_state, save_checkpoint
 from mrl.runs.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.runs.warm_start import warm_start
-from mrl.train.demonstrations import Played, play, play_conversation, task_demonstrations
+from mrl.train.demonstrations import Played, play, play_conversation
 from mrl.train.evaluate import held_out_metrics, outcomes_path
 from mrl.train.loop import seed_everything
 from mrl.train.update import policy_forward
@@ -130,7 +129,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
     tokenizer = load_tokenizer(init_path)
     actor = Trainable(Actor(load_policy(cfg.model, init_path, device, resume_from)), s.lr, cfg.trainer.weight_decay,
                       cfg.trainer.grad_clip, cfg.deepspeed, s.micro_batch_size, device)
-    task = instantiate(cfg.rewards.task) if has_task(cfg.rewards) else dataset_task(cfg)  # no task: data.path's
+    task = build_task(cfg, dataset=False)  # its own prompts (data.path holds conversations); no task: data.path's
     rows = demonstration_rows(cfg, task, tokenizer, end_token_ids(actor.module.policy, tokenizer))
     steps = s.steps or max(1, math.ceil(s.epochs * len(rows) / s.batch_size))
     state = {"step": 0, "prompt_position": 0}
@@ -159,7 +158,7 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
                   metrics_file, wandb, progress)
 
 
-def demonstration_rows(cfg: DictConfig, task: Any, tokenizer, end_ids: list[int]) -> list[Played]:
+def demonstration_rows(cfg: DictConfig, task: Task, tokenizer, end_ids: list[int]) -> list[Played]:
     """The demonstrations SFT trains on, played into token rows: the conversations in `data.path` (their train
     split), else the task's own (`demonstrations("train")`); rows over `sft.max_seq_len` are cut, said once."""
     if cfg.data.path:
@@ -167,7 +166,7 @@ def demonstration_rows(cfg: DictConfig, task: Any, tokenizer, end_ids: list[int]
     else:
         protocol = episode_protocol(cfg, tokenizer, task)
         played = [play(protocol, tokenizer, demo, end_ids)
-                  for demo in task_demonstrations(task, "train", cfg.sft.max_records)]
+                  for demo in task.demonstrations("train", cfg.sft.max_records)]
     if not played:
         raise UserError(f"rewards={cfg.rewards.name}: no demonstrations to fine-tune on")
     return cut_to_length(played, cfg.sft.max_seq_len)

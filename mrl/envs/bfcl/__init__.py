@@ -26,6 +26,7 @@ from mrl.core.data import SplitPrompts
 from mrl.core.episode import Demonstration, Episode, Prompt, Reply
 from mrl.envs.bfcl import grader
 from mrl.envs.bfcl.files import tool_schemas
+from mrl.envs.task import TaskBase
 
 IRRELEVANCE = ("irrelevance", "live_irrelevance")
 NO_FUNCTION_FITS = "None of the functions given can answer this request."
@@ -48,7 +49,7 @@ def split_by_id(records: list[dict], eval_percent: float) -> tuple[list[dict], l
             [r for r in records if held_out(r["id"], eval_percent)])
 
 
-class BfclTask:
+class BfclTask(TaskBase):
     """BFCL v4 records of `categories` as prompts; `prompt(index)` walks the train split (reshuffled each epoch,
     mrl.core.data.SplitPrompts), `eval_prompts()` the held-out one.
 
@@ -101,7 +102,8 @@ class BfclTask:
         """The held-out records, in the package's order."""
         return self.split.eval_prompts()
 
-    def demonstrations(self, split: str = "train") -> list[Demonstration]:
+    def demonstrations(self, split: str = "train", count: int = 256) -> list[Demonstration]:
+        """Every solved train record: a fixed set, which `count` (a generator's) does not cut."""
         return self.split.demonstrations(split, "rewards=bfcl", self._demonstration)
 
     def _demonstration(self, entry: dict[str, Any]) -> Demonstration | None:

@@ -29,6 +29,7 @@ from mrl.core.data import SplitPrompts
 from mrl.core.episode import Demonstration, Episode, Prompt, Reply
 from mrl.envs.bfcl import split_by_id
 from mrl.envs.bfcl_agent import gym
+from mrl.envs.task import TaskBase
 
 DONE = "Done."  # the answer that hands a user turn back, in few-shot examples and demonstrations
 
@@ -69,7 +70,7 @@ class BfclWorld:
         return message
 
 
-class BfclAgentTask:
+class BfclAgentTask(TaskBase):
     """BFCL v4 multi-turn entries of `categories` as stateful agent episodes; `prompt(index)` walks the train split
     (reshuffled each epoch), `eval_prompts()` the held-out one.
 
@@ -155,7 +156,8 @@ class BfclAgentTask:
                 and {gym.parse_call(c)[0] for c in e["ground_truth"][0]} <= offered]
         return random.Random(f"bfcl_agent-shots/{self.seed}/{entry['id']}").sample(fits, min(self.fewshot, len(fits)))
 
-    def demonstrations(self, split: str = "train") -> list[Demonstration]:
+    def demonstrations(self, split: str = "train", count: int = 256) -> list[Demonstration]:
+        """Every solved train entry: a fixed set, which `count` (a generator's) does not cut."""
         return self.split.demonstrations(split, "rewards=bfcl_agent", self._demonstration)
 
     def _demonstration(self, entry: dict) -> Demonstration | None:
