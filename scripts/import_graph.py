@@ -69,7 +69,7 @@ def circles(arrows: Counter) -> list[list[str]]:
 def main() -> None:
     spec = importlib.util.find_spec(PACKAGE)
     root = Path(spec.origin).parent.parent
-    graph = grimp.build_graph(PACKAGE, include_external_packages=False)
+    graph = grimp.build_graph(PACKAGE, include_external_packages=False, cache_dir=None)  # no cache to litter
     modules = sorted(graph.modules)
     packages = {m for m in modules if m.count(".") == 1 and graph.find_children(m)}
     sizes = Counter(room(m, packages) for m in modules if m != PACKAGE and m not in packages)
