@@ -73,7 +73,7 @@ def grads(out: str, stage: int) -> None:
     from mrl.core import distributed as dist
     from mrl.core.config import CONF_DIR
     from mrl.envs.task import build_task
-    from mrl.generation.rollout import HFEngine
+    from mrl.generation.rollout import InProcessEngine
     from mrl.rewards.channels import build_reward_set
     from mrl.train.collect import collect, lockstep_batch
     from mrl.train.loop import build_models, seed_everything
@@ -95,7 +95,7 @@ def grads(out: str, stage: int) -> None:
         rank = os.environ["RANK"]
         os.environ.update(WORLD_SIZE="1", RANK="0")
         seed_everything(1)
-        engine = HFEngine(actor.module.policy, tokenizer, device)
+        engine = InProcessEngine(actor.module.policy, tokenizer, device)
         full = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, reward_set,
                        {"step": 0, "prompt_position": 0})
         os.environ.update(WORLD_SIZE=str(world), RANK=rank)

@@ -166,13 +166,13 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     # efficiency conditioned on correctness every shaped value is the gated one, so the update would train on
     # zeros.  Dynamic sampling must see these groups as dead.
     from mrl.envs.task import build_task
-    from mrl.generation.rollout import HFEngine
+    from mrl.generation.rollout import InProcessEngine
     from mrl.rewards.channels import ChannelSpec, RewardSet
     from mrl.train.collect import collect
 
     cfg = make_cfg("algo=gdpo_dapo", "algo.max_gen_batches=2", "trainer.max_new_tokens=6")
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
-    engine = HFEngine(actor.module.policy, tokenizer, CPU)
+    engine = InProcessEngine(actor.module.policy, tokenizer, CPU)
     wrong = ChannelSpec("correctness", lambda episode: 0.0, 1.0)
     cost = ChannelSpec("efficiency", lambda episode: -float(episode.num_tokens), 1.0)
     gated = ChannelSpec("efficiency", cost.fn, 1.0, condition_on="correctness", gated_value=-9.0)

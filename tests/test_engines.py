@@ -8,7 +8,7 @@ import torch
 
 from mrl.chat.protocols import Tool, WordsProtocol
 from mrl.core.episode import Episode, Prompt
-from mrl.generation.rollout import ROLLOUT_ENGINES, HFEngine, Rollouts, Sampling, generate
+from mrl.generation.rollout import ROLLOUT_ENGINES, InProcessEngine, Rollouts, Sampling, generate
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.train.loop import train
 
@@ -26,7 +26,7 @@ def test_the_hf_engine_samples_what_generate_samples(model, tokenizer):
     direct = generate(model, tokenizer, prompts, 4, sampling, protocol, CPU)
     torch.manual_seed(0)
     engine = ROLLOUT_ENGINES["hf"](None, model, tokenizer, CPU)
-    assert isinstance(engine, HFEngine)
+    assert isinstance(engine, InProcessEngine)
     through = engine.generate(prompts, 4, sampling, protocol)
     assert sum(len(e.tool_calls) for e in direct.episodes) > 0  # later turns were generated too
     for name in TENSORS:

@@ -360,7 +360,8 @@ class RolloutConfig:
     """How rollouts are generated: an engine of mrl.generation.rollout.ROLLOUT_ENGINES."""
 
     # mrl's turn loop on the training module itself, each turn decoded by: native = mrl's own decoder (Llama, Qwen2,
-    # Qwen3, Mistral), hf = HF generate, auto = native where it runs the model, else hf.  (vLLM: see docs/gpu.md.)
+    # Qwen3, Mistral), captured = the native decoder under captured CUDA graphs, hf = HF generate, auto = captured on
+    # CUDA where it passes its first-use check, native elsewhere where it runs the model, else hf.  (vLLM: docs/gpu.md.)
     engine: str = "auto"
 
 

@@ -500,11 +500,12 @@ class RolloutEngine(Protocol):
     def sync_weights(self, policy: torch.nn.Module) -> None: ...
 
 
-class HFEngine:
-    """`generate` above: mrl's own turn loop on the live training module (a shared prompt KV cache per group), each
-    turn decoded by `decode`: HF `generate` (`hf_decode`), mrl's native decoder (`native_decode`), its captured
-    variant (`captured_decode`), or the one `auto` picks (`auto_decode`, `auto_cuda_decode`).  Nothing to sync: it
-    samples from the weights the optimizer just stepped in place (the captured decoder's graphs read them there)."""
+class InProcessEngine:
+    """The policy in this process, `generate` above: mrl's own turn loop on the live training module (a shared prompt
+    KV cache per group), each turn decoded by `decode`: HF `generate` (`hf_decode`), mrl's native decoder
+    (`native_decode`), its captured variant (`captured_decode`), or the one `auto` picks (`auto_decode`,
+    `auto_cuda_decode`).  Nothing to sync: it samples from the weights the optimizer just stepped in place (the
+    captured decoder's graphs read them there)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, decode: Decode = hf_decode):
         self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
@@ -521,30 +522,31 @@ class HFEngine:
 
 # rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live
 # policy, so an engine holding its own copy of the weights starts from the run's (a resume's included).
-def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Module, Any, torch.device], HFEngine]:
+def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Module, Any, torch.device],
+                                                                InProcessEngine]:
     """The builder of `rollout.engine=name`: the turn loop with one of mrl's decoders, refused in one line for a
     model it cannot run (mrl.generation.decoder.unsupported)."""
-    def build(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
+    def build(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> InProcessEngine:
         reason = unsupported(policy)
         if reason is not None:
             raise UserError(f"rollout.engine={name}: mrl's {name} decoder cannot run this model ({reason}); "
                             "use rollout.engine=auto or hf")
-        return HFEngine(policy, tokenizer, device, decode)
+        return InProcessEngine(policy, tokenizer, device, decode)
     return build
 
 
-def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> HFEngine:
+def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> InProcessEngine:
     """On CUDA the captured decoder where it passes its first-use check, else HF generate (`auto_cuda_decode`, said
     in one line); elsewhere the native decoder where it runs the model (its structure, then its logits at the first
     use), else HF generate."""
     if device.type == "cuda":
-        return HFEngine(policy, tokenizer, device, auto_cuda_decode)
-    return HFEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
+        return InProcessEngine(policy, tokenizer, device, auto_cuda_decode)
+    return InProcessEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
 
 
 # (cfg, policy, tokenizer, device) -> RolloutEngine
 ROLLOUT_ENGINES = Registry("rollout.engine", "mrl/generation/rollout.py ROLLOUT_ENGINES", {
-    "hf": lambda cfg, policy, tokenizer, device: HFEngine(policy, tokenizer, device),
+    "hf": lambda cfg, policy, tokenizer, device: InProcessEngine(policy, tokenizer, device),
     "native": own_decoder_engine("native", native_decode),
     "captured": own_decoder_engine("captured", captured_decode),
     "auto": auto_engine,

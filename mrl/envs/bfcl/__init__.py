@@ -1,6 +1,6 @@
 """bfcl: BFCL v4 single-turn function calling (the Berkeley Function Calling Leaderboard), read from the installed
-`bfcl-eval` package (`make bfcl`, files.py) and graded as BFCL's own AST checker grades (grader.py: `grade`, also
-reached as mrl.benchmarks.bfcl.grade).  This module: the task and its channels.
+`bfcl-eval` package (`make bfcl`, files.py) and graded as BFCL's own AST checker grades (grader.py: `grade`).
+This module: the task and its channels.
 
 An episode is one BFCL record: its own functions are the only tools declared (JSON schemas, through the chat
 template's `tools=` or mrl's system prompt), its own messages are the conversation, and the calls the model writes in

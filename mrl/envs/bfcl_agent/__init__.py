@@ -12,7 +12,7 @@ episode ends.
 The held-out split is fixed by entry id, as in mrl.envs.bfcl (crc32 of the id): the same entries whatever the seed.
 
 Channels: correctness, the share of turns passed, efficiency, and safety as a constraint.  Each replays the
-episode's calls on fresh worlds beside the ground truth (gym.replay, also reached as mrl.benchmarks.bfcl.replay),
+episode's calls on fresh worlds beside the ground truth (gym.replay),
 once per episode whatever the number of channels.
 """
 
