@@ -36,13 +36,13 @@ from mrl.checkpoint import load_rng_state, save_checkpoint
 from mrl.config import UserError
 from mrl.data import EpochStream, load_records, split_train_eval
 from mrl.demonstrations import Played, play, play_conversation, task_demonstrations
-from mrl.evaluate import held_out_metrics, outcomes_path
+from mrl.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
 from mrl.loop import seed_everything
 from mrl.lora import load_policy
 from mrl.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.protocols import ProtocolSettings, chat_protocol
 from mrl.rewards.channels import build_reward_set
-from mrl.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids
+from mrl.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids
 from mrl.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.tasks import dataset_task, episode_protocol, has_task
 from mrl.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
@@ -140,14 +140,14 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
         state = json.loads((resume_from / STATE_FILE).read_text())
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
-    protocol = episode_protocol(cfg, tokenizer, task)
+    protocol, held_out = episode_protocol(cfg, tokenizer, task), HeldOutSettings.of(cfg, Sampling.of(cfg.trainer))
 
     def evaluate(step: int) -> dict[str, Any]:
         """The held-out prompts (mrl.evaluate, as `mrl train` scores them): eval/... keys; rank 0 writes every
         episode's outcome to held_out/step_<step>.jsonl."""
         engine.sync_weights(actor.module.policy)
         outcomes = outcomes_path(run_dir, step) if dist.is_main() else None
-        return held_out_metrics(cfg, engine, task, protocol, reward_set, device, actor.whole, outcomes)
+        return held_out_metrics(held_out, engine, task, protocol, reward_set, device, actor.whole, outcomes)
 
     previous = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous))

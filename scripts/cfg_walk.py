@@ -1,0 +1,139 @@
+"""The walk of the config through a training run: which file and function reads which key of `cfg`, in order.
+
+    python scripts/cfg_walk.py                      # the default run (GDPO, the tiny model, CPU), one step
+    python scripts/cfg_walk.py algo=ppo --reads     # another config; every read listed
+
+It runs `mrl.loop.train` for one step in a temporary run dir and records, with a profiler (`sys.setprofile`), every
+call from outside OmegaConf and Hydra into them on a config node (`cfg.algo`, `algo.clip_low`, `cfg.get(...)`,
+`OmegaConf.to_container(cfg.model...)`, `instantiate(cfg.rewards.task)`): one read, with the calling file, function
+and key.  Then, for the reads inside the training step (`mrl.loop.train_step`) and for the whole run from
+`mrl.loop.train`: the files entered in order, the stays (runs of consecutive reads in one file), the files and the
+returns (stays in a file already left: stays - files).  A run built once from `cfg` reads it at the door (checking,
+building) and not in the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
+         "trainer.eval_every=0", "logger=none"]
+LIBRARIES = ("/omegaconf/", "/hydra/")
+
+
+@dataclass(frozen=True)
+class Read:
+    file: str  # relative to the repository
+    function: str
+    key: str
+    in_step: bool  # inside mrl.loop.train_step
+
+
+class Recorder:
+    """The profiler: a call into OmegaConf or Hydra from outside them whose first argument is a config node."""
+
+    def __init__(self):
+        from omegaconf import Container
+
+        self.container, self.reads, self.step_depth = Container, [], 0
+
+    def __call__(self, frame, event, arg) -> None:
+        code = frame.f_code
+        if code.co_name == "train_step" and code.co_filename.endswith("mrl/loop.py"):
+            self.step_depth += {"call": 1, "return": -1}.get(event, 0)
+            return
+        if event != "call" or not any(lib in code.co_filename for lib in LIBRARIES):
+            return
+        caller = frame.f_back
+        if caller is None or any(lib in caller.f_code.co_filename for lib in LIBRARIES):
+            return
+        args = [frame.f_locals.get(name) for name in code.co_varnames[:code.co_argcount]]
+        if not args or not isinstance(args[0], self.container):
+            return
+        while not in_repository(caller.f_code.co_filename):  # copy.deepcopy(cfg): its caller asked
+            caller = caller.f_back
+            if caller is None or any(lib in caller.f_code.co_filename for lib in LIBRARIES):
+                return  # inside a call into the libraries, which was recorded (instantiate's deep copy)
+        key = args[1] if len(args) > 1 and isinstance(args[1], (str, int)) else code.co_name
+        path = node_path(args[0])
+        self.reads.append(Read(relative(caller.f_code.co_filename), caller.f_code.co_qualname,
+                               f"{path}.{key}" if path else str(key), self.step_depth > 0))
+
+
+def node_path(node) -> str:
+    """The node's full key in the config (`algo`, `rewards.channels.correct`), '' for the root."""
+    try:
+        return node._get_full_key(None) or ""
+    except Exception:  # a node without a parent chain
+        return ""
+
+
+def in_repository(filename: str) -> bool:
+    return filename.startswith(str(ROOT)) and "site-packages" not in filename
+
+
+def relative(filename: str) -> str:
+    path = Path(filename)
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else filename
+
+
+def walk(reads: list[Read]) -> tuple[list[str], int]:
+    """(the files entered, one per stay, in order; the number of distinct files)."""
+    stays: list[str] = []
+    for read in reads:
+        if not stays or stays[-1] != read.file:
+            stays.append(read.file)
+    return stays, len(set(stays))
+
+
+def summary(title: str, reads: list[Read], every: bool) -> None:
+    stays, files = walk(reads)
+    print(f"{title}: {len(reads)} reads, {len(stays)} stays, {files} files, {len(stays) - files} returns")
+    entered: dict[str, int] = {}
+    for file in stays:
+        entered[file] = entered.get(file, 0) + 1
+    for file, count in sorted(entered.items(), key=lambda kv: -kv[1]):
+        print(f"  {file}: entered {count}x")
+    if stays:
+        print("  walk: " + " -> ".join(Path(f).name for f in stays))
+    if every:
+        for read in reads:
+            print(f"    {read.file}:{read.function} {read.key}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides after the small one-step run's")
+    parser.add_argument("--reads", action="store_true", help="list every read of the whole run, not only the step's")
+    args = parser.parse_args()
+    from hydra import compose, initialize_config_dir
+
+    import mrl.config  # noqa: F401  registers the schemas
+    from mrl.config import CONF_DIR
+    from mrl.loop import train
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=[*SMALL, *args.overrides])
+    recorder = Recorder()
+    with tempfile.TemporaryDirectory() as tmp:
+        threading.setprofile(recorder)
+        sys.setprofile(recorder)
+        try:
+            train(cfg, Path(tmp) / "run")
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+    step = [r for r in recorder.reads if r.in_step]
+    summary("inside the step (mrl.loop.train_step)", step, every=True)
+    summary("the whole run (mrl.loop.train)", recorder.reads, every=args.reads)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
