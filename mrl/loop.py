@@ -242,6 +242,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
 
     # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
     resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
+    identity = run_identity(cfg)
     tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from, run_dir)
     if dist.world_size() > 1:  # identical weights everywhere (above); from here each rank samples its own tokens
         seed_everything(trainer.seed + 1_000_003 * dist.rank())
@@ -267,7 +268,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, collecting,
                AlgoSettings.of(cfg, sampling), HeldOutSettings.of(cfg, sampling), Schedule.of(cfg),
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
-               run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
+               identity, state, completed=dict(state), saved_step=state["step"])
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:

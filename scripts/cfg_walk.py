@@ -3,13 +3,14 @@
     python scripts/cfg_walk.py                      # the default run (GDPO, the tiny model, CPU), one step
     python scripts/cfg_walk.py algo=ppo --reads     # another config; every read listed
 
-It runs `mrl.loop.train` for one step in a temporary run dir and records, with a profiler (`sys.setprofile`), every
-call from outside OmegaConf and Hydra into them on a config node (`cfg.algo`, `algo.clip_low`, `cfg.get(...)`,
-`OmegaConf.to_container(cfg.model...)`, `instantiate(cfg.rewards.task)`): one read, with the calling file, function
-and key.  Then, for the reads inside the training step (`mrl.loop.train_step`) and for the whole run from
-`mrl.loop.train`: the files entered in order, the stays (runs of consecutive reads in one file), the files and the
-returns (stays in a file already left: stays - files).  A run built once from `cfg` reads it at the door (checking,
-building) and not in the step.
+It runs `mrl.loop.train` for one step (with a held-out evaluation at steps 0 and 1) in a temporary run dir and
+records, with a profiler (`sys.setprofile`), every call from the repository's code into OmegaConf or Hydra on a
+config node (`cfg.algo`, `algo.clip_low`, `cfg.get(...)`, `OmegaConf.to_container(cfg.model...)`,
+`instantiate(cfg.rewards.task)`): one read, with the calling file, function and key.  It prints, for the reads of
+each part of the run (the check: mrl.validation.validate; the build: the rest of the door, mrl.loop.start_run and the
+step-0 evaluation; the step: mrl.loop.train_step) and for the whole run: the files entered in order, the stays (runs
+of consecutive reads in one file), the files and the returns (stays in a file already left: stays - files), and the
+step's reads one by one.  A run built once from `cfg` reads it at the door (checking, building), never in the step.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["trainer.max_steps=1", "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=4",
-         "trainer.eval_every=0", "logger=none"]
+         "trainer.eval_every=1", "trainer.eval_prompts=2", "logger=none"]
+PARTS = {"validate": "check", "train_step": "step"}  # functions of mrl -> the part of the run they are; else build
 LIBRARIES = ("/omegaconf/", "/hydra/")
 
 
@@ -32,7 +34,7 @@ class Read:
     file: str  # relative to the repository
     function: str
     key: str
-    in_step: bool  # inside mrl.loop.train_step
+    part: str  # check, build or step
 
 
 class Recorder:
@@ -41,12 +43,15 @@ class Recorder:
     def __init__(self):
         from omegaconf import Container
 
-        self.container, self.reads, self.step_depth = Container, [], 0
+        self.container, self.reads, self.parts = Container, [], ["build"]
 
     def __call__(self, frame, event, arg) -> None:
         code = frame.f_code
-        if code.co_name == "train_step" and code.co_filename.endswith("mrl/loop.py"):
-            self.step_depth += {"call": 1, "return": -1}.get(event, 0)
+        if code.co_name in PARTS and code.co_filename.startswith(str(ROOT / "mrl")) and event in ("call", "return"):
+            if event == "call":
+                self.parts.append(PARTS[code.co_name])
+            else:
+                self.parts.pop()
             return
         if event != "call" or not any(lib in code.co_filename for lib in LIBRARIES):
             return
@@ -63,7 +68,7 @@ class Recorder:
         key = args[1] if len(args) > 1 and isinstance(args[1], (str, int)) else code.co_name
         path = node_path(args[0])
         self.reads.append(Read(relative(caller.f_code.co_filename), caller.f_code.co_qualname,
-                               f"{path}.{key}" if path else str(key), self.step_depth > 0))
+                               f"{path}.{key}" if path else str(key), self.parts[-1]))
 
 
 def node_path(node) -> str:
@@ -129,8 +134,10 @@ def main() -> int:
         finally:
             sys.setprofile(None)
             threading.setprofile(None)
-    step = [r for r in recorder.reads if r.in_step]
-    summary("inside the step (mrl.loop.train_step)", step, every=True)
+    for part, title in (("check", "the check (mrl.validation.validate)"),
+                        ("build", "the build (the rest of the door: mrl.loop.start_run, the step-0 evaluation)"),
+                        ("step", "the step (mrl.loop.train_step)")):
+        summary(title, [r for r in recorder.reads if r.part == part], every=part == "step")
     summary("the whole run (mrl.loop.train)", recorder.reads, every=args.reads)
     return 0
 
