@@ -1,17 +1,20 @@
 """The config stops at the door: `start_run` builds the run's settings from `cfg` once (CollectSettings, AlgoSettings,
-HeldOutSettings, Schedule), and a step's phases read those, never the config."""
+HeldOutSettings, Schedule; `start_sft`: SftSettings, HeldOutSettings), and a step's phases read those, never the
+config."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import compose_config
 from omegaconf import DictConfig, ListConfig
+from test_sft import compose_sft
 
 from mrl.collect import CollectSettings
 from mrl.evaluate import HeldOutSettings
 from mrl.loop import Schedule, start_run, train_step
 from mrl.rollout import Sampling
 from mrl.rundir import StopSignals
+from mrl.sft import SftSettings, sft_step, start_sft
 from mrl.update import AlgoSettings
 
 KNOWN = ("algo=ppo", "trainer.temperature=0.7", "trainer.top_p=0.9", "trainer.top_k=5", "trainer.max_new_tokens=12",
@@ -84,3 +87,21 @@ def test_a_step_runs_on_the_built_run_with_the_config_closed(algo, tmp_path, no_
         run.close()
     assert metrics["step"] == 1 and "perf/eval_s" in metrics and metrics["loss/total"] is not None
     assert (tmp_path / "checkpoints" / "step_000001").is_dir() and (tmp_path / "samples.jsonl").exists()
+
+
+def test_sfts_settings_hold_the_configs_values():
+    cfg = compose_sft("sft.batch_size=6", "sft.micro_batch_size=3", "sft.lr=0.002", "sft.warmup_steps=5",
+                      "sft.eval_every=7", "sft.save_every=8", "trainer.eval_at_start=false")
+    assert SftSettings.of(cfg) == SftSettings(batch_size=6, micro_batch_size=3, lr=0.002, warmup_steps=5,
+                                              eval_every=7, save_every=8, eval_at_start=False)
+
+
+def test_an_sft_step_and_its_evaluation_run_with_the_config_closed(tmp_path, no_config_after):
+    run = start_sft(compose_sft(), tmp_path)
+    no_config_after()
+    try:
+        metrics = {**sft_step(run, 1), **run.evaluate(1)}
+    finally:
+        run.close()
+    assert metrics["step"] == 1 and metrics["sft/loss"] > 0 and "perf/eval_s" in metrics
+    assert run.state == {"step": 1, "prompt_position": 4}  # sft.batch_size=4 demonstrations consumed
