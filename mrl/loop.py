@@ -231,7 +231,8 @@ class Run:
 
 
 def start_run(cfg: DictConfig, run_dir: Path) -> Run:
-    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the sinks."""
+    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the settings the steps read
+    (the only reads of `cfg` after it is checked), the sinks."""
     algo, trainer = cfg.algo, cfg.trainer
     estimator = ESTIMATORS[algo.advantage]
     seed_everything(trainer.seed)
@@ -255,6 +256,9 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
         load_rng_state(resume_from, dist.rank())
         state = json.loads((resume_from / "state.json").read_text())
         reward_set.load_prices(state.get("prices"))  # the budgets' prices (lambda), exactly as saved
+    sampling = Sampling.of(trainer)  # one for the rollouts, the losses and the held-out evaluation
+    settings = (CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator),
+                AlgoSettings.of(cfg, sampling), HeldOutSettings.of(cfg, sampling), Schedule.of(cfg))
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))
@@ -263,10 +267,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
                                              cfg.logger.log_every))
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
-    sampling = Sampling.of(trainer)  # one for the rollouts, the losses and the held-out evaluation
-    collecting = CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator)
-    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, collecting,
-               AlgoSettings.of(cfg, sampling), HeldOutSettings.of(cfg, sampling), Schedule.of(cfg),
+    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, *settings,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
                identity, state, completed=dict(state), saved_step=state["step"])
 
