@@ -90,6 +90,14 @@ def compose_config(*overrides: str, shrink: bool = True):
         return compose("train", overrides=(SHRINK if shrink else []) + list(overrides))
 
 
+def algo_settings(cfg):
+    """Phases 2 to 4's settings as a run builds them from `cfg` (mrl.train.loop.start_run)."""
+    from mrl.generation.rollout import Sampling
+    from mrl.train.update import AlgoSettings
+
+    return AlgoSettings.of(cfg, Sampling.of(cfg.trainer))
+
+
 @pytest.fixture
 def make_cfg():
     return compose_config

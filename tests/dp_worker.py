@@ -72,12 +72,12 @@ def grads(out: str, stage: int) -> None:
     from mrl.algo.advantages import ESTIMATORS
     from mrl.core import distributed as dist
     from mrl.core.config import CONF_DIR
-    from mrl.envs.task import build_task
-    from mrl.generation.rollout import InProcessEngine
+    from mrl.envs.task import build_task, episode_protocol
+    from mrl.generation.rollout import InProcessEngine, Sampling
     from mrl.rewards.channels import build_reward_set
-    from mrl.train.collect import collect, lockstep_batch
+    from mrl.train.collect import CollectSettings, collect, lockstep_batch
     from mrl.train.loop import build_models, seed_everything
-    from mrl.train.update import UpdateBatch, update
+    from mrl.train.update import AlgoSettings, UpdateBatch, update
 
     results = {}
     for agg in ("token_mean", "seq_mean"):
@@ -96,8 +96,10 @@ def grads(out: str, stage: int) -> None:
         os.environ.update(WORLD_SIZE="1", RANK="0")
         seed_everything(1)
         engine = InProcessEngine(actor.module.policy, tokenizer, device)
-        full = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, reward_set,
-                       {"step": 0, "prompt_position": 0})
+        task = build_task(cfg)
+        sampling = Sampling.of(cfg.trainer)
+        settings = CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator)
+        full = collect(settings, task, engine, actor.whole, tokenizer, reward_set, {"step": 0, "prompt_position": 0})
         os.environ.update(WORLD_SIZE=str(world), RANK=rank)
         batch = full.batch
         generator = torch.Generator().manual_seed(2)
@@ -109,7 +111,7 @@ def grads(out: str, stage: int) -> None:
         keep = dist.pad_to(torch.ones(len(rows)), (mask.shape[0],))
         adv = dist.pad_to(advantages[rows][:, :mine.completion_ids.shape[1]], mask.shape)
         torch.manual_seed(3)  # the mini-batch permutation
-        sums, _ = update(cfg, actor, None, UpdateBatch(local, mask * keep[:, None], adv))
+        sums, _ = update(AlgoSettings.of(cfg, sampling), actor, None, UpdateBatch(local, mask * keep[:, None], adv))
         sums = dist.mean_over_ranks(sums)
         with actor.whole():
             weights = {k: v.detach().float() for k, v in actor.module.state_dict().items()}

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ALGOS
+from conftest import ALGOS, algo_settings
 
 from mrl.algo.advantages import ESTIMATORS
 from mrl.core.config import UserError
 from mrl.core.episode import Episode, Prompt
-from mrl.generation.rollout import Rollouts
+from mrl.generation.rollout import Rollouts, Sampling
 from mrl.rewards.channels import build_reward_set
 from mrl.train.loop import build_models
-from mrl.train.update import UpdateBatch, score_rollouts, single_update, update
+from mrl.train.update import UpdateBatch, score_rollouts, update
 from mrl.train.validation import validate
 
 CPU = torch.device("cpu")
@@ -64,7 +64,7 @@ def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg)
     assert 0 in best and 3 in worst, sequence_adv  # the hand ranking survives every estimator and shaping
 
     before = sequence_logprobs(actor, batch, cfg.trainer.temperature)
-    update(cfg, actor, critic, UpdateBatch(batch, loss_mask, advantages, returns, old, ref, values))
+    update(algo_settings(cfg), actor, critic, UpdateBatch(batch, loss_mask, advantages, returns, old, ref, values))
     moved = sequence_logprobs(actor, batch, cfg.trainer.temperature) - before
     assert all(moved[i] > 0 for i in best), (moved, sequence_adv)
     assert all(moved[i] < 0 for i in worst), (moved, sequence_adv)
@@ -131,7 +131,7 @@ def test_the_critic_trains_in_train_mode(make_cfg):
     assert modes == [False]  # scoring: eval mode
     advantages, returns = ESTIMATORS["gae"].token_advantages(HAND_REWARDS, torch.ones(3), mask, values, None,
                                                              cfg.algo)
-    update(cfg, actor, critic, UpdateBatch(batch, mask, advantages, returns, old, ref, values))
+    update(algo_settings(cfg), actor, critic, UpdateBatch(batch, mask, advantages, returns, old, ref, values))
     assert modes[1:] and all(modes[1:])  # the update: train mode (gradient checkpointing only acts there)
 
 
@@ -165,10 +165,10 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     # Every rollout is wrong and its efficiency (minus its length) varies: the raw rewards look live, but with
     # efficiency conditioned on correctness every shaped value is the gated one, so the update would train on
     # zeros.  Dynamic sampling must see these groups as dead.
-    from mrl.envs.task import build_task
+    from mrl.envs.task import build_task, episode_protocol
     from mrl.generation.rollout import InProcessEngine
     from mrl.rewards.channels import ChannelSpec, RewardSet
-    from mrl.train.collect import collect
+    from mrl.train.collect import CollectSettings, collect
 
     cfg = make_cfg("algo=gdpo_dapo", "algo.max_gen_batches=2", "trainer.max_new_tokens=6")
     tokenizer, actor, _, _ = build_models(cfg, ESTIMATORS["gdpo"], CPU)
@@ -176,12 +176,15 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     wrong = ChannelSpec("correctness", lambda episode: 0.0, 1.0)
     cost = ChannelSpec("efficiency", lambda episode: -float(episode.num_tokens), 1.0)
     gated = ChannelSpec("efficiency", cost.fn, 1.0, condition_on="correctness", gated_value=-9.0)
+    task = build_task(cfg)
+    settings = CollectSettings.of(cfg, Sampling.of(cfg.trainer), episode_protocol(cfg, tokenizer, task),
+                                  ESTIMATORS["gdpo"])
     torch.manual_seed(0)
-    raw_live = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, RewardSet([wrong, cost]),
+    raw_live = collect(settings, task, engine, actor.whole, tokenizer, RewardSet([wrong, cost]),
                        {"prompt_position": 0})
     assert raw_live.num_live == 2 and not raw_live.skip_update  # lengths vary: live without the condition
     torch.manual_seed(0)
-    shaped_dead = collect(cfg, build_task(cfg), engine, actor.whole, tokenizer, RewardSet([wrong, gated]),
+    shaped_dead = collect(settings, task, engine, actor.whole, tokenizer, RewardSet([wrong, gated]),
                           {"prompt_position": 0})
     assert shaped_dead.num_live == 0 and shaped_dead.skip_update
     assert len(shaped_dead.rounds) == 2  # it kept drawing prompts up to max_gen_batches
@@ -193,7 +196,7 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
     """One epoch of one mini-batch: old log-probs are the update's own, detached, and no second pass runs; the
     weights after the step are those of the update fed a separately computed old pass."""
     cfg = make_cfg(f"algo={algo}", "trainer.prompts_per_step=1", "trainer.group_size=4")
-    assert single_update(cfg)
+    assert algo_settings(cfg).single_update
     estimator = ESTIMATORS[cfg.algo.advantage]
     after = []
     for old_pass in (True, False):
@@ -210,7 +213,7 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
         assert (old is None) == (not old_pass)
         advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
         trained = UpdateBatch(batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
-        update(cfg, actor, critic, trained)
+        update(algo_settings(cfg), actor, critic, trained)
         after.append({n: p.detach().clone() for n, p in actor.module.named_parameters()})
     assert sum((after[0][n] - w).abs().sum() for n, w in before.items()) > 0
     for name, weights in after[0].items():
@@ -218,8 +221,8 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
 
 
 def test_more_than_one_update_per_batch_keeps_the_old_pass(make_cfg):
-    assert not single_update(make_cfg("algo=ppo", "algo.epochs=2"))
-    assert not single_update(make_cfg("algo=grpo", "trainer.num_mini_batches=2"))
+    assert not algo_settings(make_cfg("algo=ppo", "algo.epochs=2")).single_update
+    assert not algo_settings(make_cfg("algo=grpo", "trainer.num_mini_batches=2")).single_update
 
 
 def test_an_estimator_and_an_aggregation_are_one_registry_entry_each(monkeypatch, make_cfg, tmp_path):

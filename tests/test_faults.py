@@ -305,10 +305,10 @@ def test_a_crash_after_the_update_saves_no_checkpoint_of_weights_that_moved_on(r
 
     real_log_step = mrl.train.loop.log_step
 
-    def log_step(cfg, run_, step, metrics, collected):
+    def log_step(run_, step, metrics, collected):
         if step == 5:
             raise OSError(errno.EIO, "metrics.jsonl: input/output error")
-        real_log_step(cfg, run_, step, metrics, collected)
+        real_log_step(run_, step, metrics, collected)
 
     monkeypatch.setattr(mrl.train.loop, "log_step", log_step)
     with pytest.raises(OSError, match="input/output error"):

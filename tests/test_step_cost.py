@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import algo_settings, compose_config
 from test_decoder import PAD, draw, family_model
 from test_update import GradCapture
 
@@ -94,7 +94,7 @@ def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, 
                          "algo.loss_agg=token_mean", "algo.entropy_coef=0.0", "algo.kl_coef=0.0",
                          "trainer.temperature=1.0", "algo.clip_low=0.2", "algo.clip_high=0.2")
     capture = GradCapture(actor)
-    update(cfg, capture, None, updates)
+    update(algo_settings(cfg), capture, None, updates)
     loss = aggregate(clipped_surrogate(unshared(actor, batch), old, advantages, 0.2, 0.2)[0], mask, "token_mean",
                      mask.sum().item())
     loss.backward()
@@ -129,7 +129,7 @@ def test_the_bfcl_steps_update_runs_each_prompt_once(tiny):
     for seed in range(3):
         torch.manual_seed(seed)
         passes.clear()
-        update(cfg, GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
+        update(algo_settings(cfg), GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
         assert len(passes) == 2 and sum(passes) == 4  # two micro-batches of two groups each: 4 distinct prompts
 
 

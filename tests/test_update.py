@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import compose_config
+from conftest import algo_settings, compose_config
 
 from mrl.generation.rollout import Rollouts
 from mrl.modeling.models import Actor, load_causal_lm, position_ids, resolve_model_path
@@ -102,7 +102,7 @@ def update_gradient(policy, micro: int, scale: float = 1.0, **settings):
     old, ref, advantages = inputs(policy, batch, mask, settings["temperature"])
     advantages = advantages * scale
     capture = GradCapture(Actor(policy))
-    update(cfg, capture, None, UpdateBatch(batch, mask, advantages, old_logprobs=old,
+    update(algo_settings(cfg), capture, None, UpdateBatch(batch, mask, advantages, old_logprobs=old,
                                            ref_logprobs=ref if settings["kl_coef"] else None))
     policy.zero_grad(set_to_none=True)
     hand_loss(policy, batch, mask, old, ref, advantages, **settings).backward()
@@ -230,7 +230,8 @@ def real_update(policy, *overrides: str, reference=None, advantages_scale: float
         old, _, _ = policy_forward(actor.module, batch, cfg.trainer.temperature)
         ref = policy_forward(Actor(reference), batch, cfg.trainer.temperature)[0] if reference is not None else None
     advantages = torch.linspace(-1, 1, N, dtype=torch.float64)[:, None] * mask * advantages_scale
-    sums, steps = update(cfg, actor, None, UpdateBatch(batch, mask, advantages, old_logprobs=old, ref_logprobs=ref))
+    sums, steps = update(algo_settings(cfg), actor, None,
+                         UpdateBatch(batch, mask, advantages, old_logprobs=old, ref_logprobs=ref))
     return sums, steps, batch, mask
 
 

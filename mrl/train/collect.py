@@ -16,15 +16,35 @@ from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
-from mrl.algo.advantages import ESTIMATORS, first_live
+from mrl.algo.advantages import Estimator, first_live
+from mrl.chat.protocols import ToolProtocol
 from mrl.core import distributed as dist
 from mrl.core.episode import Episode
-from mrl.envs.task import episode_protocol
 from mrl.generation.rollout import RolloutEngine, Rollouts, Sampling
 from mrl.rewards.channels import RewardSet
+
+
+@dataclass(frozen=True)
+class CollectSettings:
+    """What phase 1 draws, built once from the config (`of`): B prompts x G episodes a round, sampled per `sampling`
+    and run per `protocol`; dynamic sampling's rounds; what a failing reward channel does."""
+
+    prompts_per_step: int  # B, over all ranks (trainer.prompts_per_step)
+    group_size: int  # G (trainer.group_size)
+    sampling: Sampling  # trainer.max_new_tokens, temperature, top_p, top_k
+    protocol: ToolProtocol  # how the task's episodes run with this tokenizer (mrl.envs.task.episode_protocol)
+    estimator: Estimator  # algo.advantage's: which groups are live (dynamic sampling)
+    dynamic_sampling: bool  # algo.dynamic_sampling
+    max_gen_batches: int  # algo.max_gen_batches
+    on_error: str  # rewards.on_error
+
+    @staticmethod
+    def of(cfg, sampling: Sampling, protocol: ToolProtocol, estimator: Estimator) -> CollectSettings:
+        trainer, algo = cfg.trainer, cfg.algo
+        return CollectSettings(trainer.prompts_per_step, trainer.group_size, sampling, protocol, estimator,
+                               algo.dynamic_sampling, algo.max_gen_batches, cfg.rewards.on_error)
 
 
 @dataclass
@@ -108,7 +128,7 @@ class Collected:
         return [e for r in self.rounds for e in r.episodes]
 
 
-def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], ContextManager], tokenizer,
+def collect(settings: CollectSettings, task, engine: RolloutEngine, whole: Callable[[], ContextManager], tokenizer,
             reward_set: RewardSet, state: dict) -> Collected:
     """Phase 1: B prompts x G samples from the rollout engine, scored per channel and shaped (conditions, vetoes).
     `whole()` is the context in which the policy's weights are whole (Trainable.whole: ZeRO-3 gathers them).
@@ -117,9 +137,8 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
     kept are the first ones in the global order, as on one process, so every rank agrees on the rounds and on the
     count; the ranks may then hold different numbers of live groups.
     """
-    algo, trainer = cfg.algo, cfg.trainer
-    estimator = ESTIMATORS[algo.advantage]
-    B, G, K = trainer.prompts_per_step, trainer.group_size, len(reward_set.names)
+    estimator = settings.estimator
+    B, G, K = settings.prompts_per_step, settings.group_size, len(reward_set.names)
     offset, local_B = dist.shard(B)
     rounds: list[Scored] = []
     live_parts: list[Scored] = []
@@ -128,10 +147,10 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
         prompts = [task.prompt(state["prompt_position"] + offset + i) for i in range(local_B)]
         state["prompt_position"] += B
         with whole():  # ZeRO-3: the weights gathered once for the round, not at every token
-            rollouts = engine.generate(prompts, G, Sampling.of(trainer), episode_protocol(cfg, tokenizer, task))
-        scored = Scored.of(rollouts, reward_set, cfg.rewards.on_error)
+            rollouts = engine.generate(prompts, G, settings.sampling, settings.protocol)
+        scored = Scored.of(rollouts, reward_set, settings.on_error)
         rounds.append(scored)
-        if not algo.dynamic_sampling:
+        if not settings.dynamic_sampling:
             live_parts.append(scored)
             num_live = B
             break
@@ -142,7 +161,7 @@ def collect(cfg: DictConfig, task, engine: RolloutEngine, whole: Callable[[], Co
         if len(groups):
             live_parts.append(scored.select_groups(groups))
         num_live += int(chosen.sum())
-        if num_live >= B or len(rounds) >= algo.max_gen_batches:
+        if num_live >= B or len(rounds) >= settings.max_gen_batches:
             break
     # No live group within max_gen_batches: nothing to learn, so no optimizer step (Adam would still move the
     # weights on a zero gradient); the first round stands in for the logs.

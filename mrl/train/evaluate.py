@@ -97,21 +97,41 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 
-def held_out_metrics(cfg, engine: RolloutEngine, task: Task, protocol, reward_set: RewardSet, device: torch.device,
-                     whole, outcomes: Path | None = None) -> dict[str, Any]:
-    """A training run's held-out evaluation (`mrl train`, `mrl sft`): `trainer.eval_prompts` held-out prompts of
-    `task` scored per `cfg.trainer`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/...
-    metrics and perf/eval_s; with `outcomes` (rank 0's <run dir>/held_out/step_<N>.jsonl), every episode's
-    channel values written there (`outcome_rows`: the paired comparison's unit)."""
-    trainer, start = cfg.trainer, time.perf_counter()
-    prompts = nonempty_held_out(task, trainer.eval_prompts)
-    with separate_rng(trainer.seed, device), whole():
-        held = score_held_out(engine, prompts, Sampling.of(trainer), trainer.eval_samples, protocol, reward_set,
-                              trainer.eval_batch_tokens)
+@dataclass(frozen=True)
+class HeldOutSettings:
+    """A training run's held-out evaluation, built once from the config (`of`): `prompts` held-out prompts, each
+    scored greedy and `samples` times sampled per `sampling`, `batch_tokens` a generate call, on an RNG seeded with
+    `seed`; `pass_channel` says which episodes pass."""
+
+    prompts: int  # trainer.eval_prompts
+    samples: int  # trainer.eval_samples
+    batch_tokens: int  # trainer.eval_batch_tokens
+    seed: int  # trainer.seed
+    sampling: Sampling  # trainer.max_new_tokens, temperature, top_p, top_k
+    pass_channel: str | None  # rewards.pass_channel
+
+    @staticmethod
+    def of(cfg, sampling: Sampling) -> HeldOutSettings:
+        trainer = cfg.trainer
+        return HeldOutSettings(trainer.eval_prompts, trainer.eval_samples, trainer.eval_batch_tokens, trainer.seed,
+                               sampling, cfg.rewards.pass_channel)
+
+
+def held_out_metrics(settings: HeldOutSettings, engine: RolloutEngine, task: Task, protocol, reward_set: RewardSet,
+                     device: torch.device, whole, outcomes: Path | None = None) -> dict[str, Any]:
+    """A training run's held-out evaluation (`mrl train`, `mrl sft`): held-out prompts of `task` scored per
+    `settings`, inside `whole()` (the weights whole: ZeRO-3) and on a separate RNG -> eval/... metrics and
+    perf/eval_s; with `outcomes` (rank 0's <run dir>/held_out/step_<N>.jsonl), every episode's channel values written
+    there (`outcome_rows`: the paired comparison's unit)."""
+    start = time.perf_counter()
+    prompts = nonempty_held_out(task, settings.prompts)
+    with separate_rng(settings.seed, device), whole():
+        held = score_held_out(engine, prompts, settings.sampling, settings.samples, protocol, reward_set,
+                              settings.batch_tokens)
     if outcomes is not None:
         outcomes.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_jsonl(outcomes, outcome_rows(held))
-    return {**eval_metrics(summarize(held, cfg.rewards.pass_channel)), "perf/eval_s": time.perf_counter() - start}
+    return {**eval_metrics(summarize(held, settings.pass_channel)), "perf/eval_s": time.perf_counter() - start}
 
 
 def length_chunks(lengths: list[int], per_row: int, group_size: int, batch_tokens: int) -> list[list[int]]:

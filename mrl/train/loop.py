@@ -7,8 +7,10 @@
 3. step_advantages: the estimator (mrl/algo/advantages.py) on every rank's rows, then this rank's -> `UpdateBatch`;
 4. update_policy: epochs x mini x micro-batches (mrl/train/update.py), then the engine's `sync_weights` -> its metrics;
 5. step_metrics, log_step, checkpoint_if_due.
-What the steps share (models, rollout engine, task and rewards, sinks, position) is a `Run`, built by `start_run`.
-The loop never asks which engine generates (mrl.generation.rollout.RolloutEngine).
+What the steps share (models, rollout engine, task and rewards, sinks, position) is a `Run`, built by `start_run`,
+the one place that reads the config after it is checked: the phases take the settings it built from it
+(`CollectSettings`, `AlgoSettings`, `HeldOutSettings`, `Schedule`), never `cfg`.  The loop never asks which engine
+generates (mrl.generation.rollout.RolloutEngine).
 
 How it departs from the textbook PPO/GRPO loop:
 - rewards stay a [B, G, K] tensor (prompts x rollouts x channels) until the advantage estimator, chosen from the
@@ -49,7 +51,7 @@ from mrl.algo.advantages import ESTIMATORS, Estimator, advantage_shares, distinc
 from mrl.core import distributed as dist
 from mrl.core.episode import agent_metrics, sample_records
 from mrl.envs.task import Task, build_task, episode_protocol
-from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine
+from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine, Sampling
 from mrl.modeling.lora import BaseReference, load_policy, uses_lora
 from mrl.modeling.models import (
     Actor,
@@ -65,9 +67,9 @@ from mrl.runs.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.runs.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 from mrl.runs.warm_start import warm_start
-from mrl.train.collect import Collected, EveryRank, collect
-from mrl.train.evaluate import held_out_metrics, outcomes_path
-from mrl.train.update import Scores, UpdateBatch, score, update, update_metrics
+from mrl.train.collect import Collected, CollectSettings, EveryRank, collect
+from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
+from mrl.train.update import AlgoSettings, Scores, UpdateBatch, score, update, update_metrics
 from mrl.train.validation import validate
 
 
@@ -88,9 +90,9 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     metrics: dict[str, Any] = {}
     try:
         if run.state["step"] == 0:
-            log_base_eval(cfg, run)  # the untrained model's held-out score: the eval curve's first point
-        for step in range(run.state["step"] + 1, cfg.trainer.max_steps + 1):
-            metrics = train_step(cfg, run, step, stop)
+            log_base_eval(run)  # the untrained model's held-out score: the eval curve's first point
+        for step in range(run.state["step"] + 1, run.schedule.max_steps + 1):
+            metrics = train_step(run, step, stop)
             stop.check()
     except BaseException as err:
         save_on_stop(run, stop, err)
@@ -101,36 +103,36 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return metrics
 
 
-def train_step(cfg: DictConfig, run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
+def train_step(run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
     """One step, the five phases in order; returns its metrics."""
     clock = StepClock(run.device)
-    collected = collect(cfg, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,  # 1. rollouts
-                        run.state)
+    collected = collect(run.collecting, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,
+                        run.state)  # 1. rollouts
     run.failing.update(collected.every.failed)  # stop rather than train on nothing (every rank's samples: all stop)
     clock.rollouts_done()
-    scores = score(cfg, run.actor, run.reference, run.critic, collected.batch)  # 2. no gradients
-    batch, every = step_advantages(cfg, run, collected, scores)  # 3. every rank's rows -> this rank's UpdateBatch
+    scores = score(run.algo, run.actor, run.reference, run.critic, collected.batch)  # 2. no gradients
+    batch, every = step_advantages(run, collected, scores)  # 3. every rank's rows -> this rank's UpdateBatch
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
-    updated = update_policy(cfg, run, batch, collected.skip_update)  # 4. optimizer steps, then sync the engine
+    updated = update_policy(run, batch, collected.skip_update)  # 4. optimizer steps, then sync the engine
     clock.update_done()
     run.state["step"] = step  # 5. log and checkpoint
-    metrics = step_metrics(cfg, run, step, collected, every, batch, updated, clock)
-    log_step(cfg, run, step, metrics, collected)
+    metrics = step_metrics(run, step, collected, every, batch, updated, clock)
+    log_step(run, step, metrics, collected)
     run.completed = dict(run.state)
     run.updating = False
-    checkpoint_if_due(cfg, run, step)
+    checkpoint_if_due(run, step)
     return metrics
 
 
-def step_advantages(cfg: DictConfig, run: Run, collected: Collected, scores: Scores) -> tuple[UpdateBatch, EveryRank]:
+def step_advantages(run: Run, collected: Collected, scores: Scores) -> tuple[UpdateBatch, EveryRank]:
     """Phase 3: the estimator on every rank's rows (`EveryRank`), then this rank's: the batch the update trains on,
     whose loss mask leaves out dropped rollouts and lockstep padding rows.  Returns it and every rank's rows (the
     KL penalty added), for the step's metrics."""
     mask = collected.batch.completion_mask.float()  # [N, T]
     every = replace(collected.every, kl_penalty=collected.every.gather(scores.kl_penalty))
     advantages, returns = global_advantages(run.estimator, every, run.reward_set.weights, mask, scores.values,
-                                            cfg.algo)  # [N, T], [N, T] | None
+                                            run.algo)  # [N, T], [N, T] | None
     keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
     loss_mask = mask * keep.reshape(-1, 1).to(run.device)
     return UpdateBatch(collected.batch, loss_mask, advantages, returns, scores.old_logprobs, scores.ref_logprobs,
@@ -138,7 +140,7 @@ def step_advantages(cfg: DictConfig, run: Run, collected: Collected, scores: Sco
 
 
 def global_advantages(estimator: Estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
-                      algo) -> tuple[Tensor, Tensor | None]:
+                      algo: AlgoSettings) -> tuple[Tensor, Tensor | None]:
     """The estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's padding rows ->
     (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
     advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
@@ -150,12 +152,12 @@ def global_advantages(estimator: Estimator, every: EveryRank, weights: Tensor, m
     return local(advantages), local(returns)
 
 
-def update_policy(cfg: DictConfig, run: Run, batch: UpdateBatch, skip: bool) -> dict[str, float | None]:
+def update_policy(run: Run, batch: UpdateBatch, skip: bool) -> dict[str, float | None]:
     """Phase 4: the optimizer steps (none when dynamic sampling found no live group), then the rollout engine
     samples the new weights.  Returns the update's metrics (mrl.train.update.update_metrics)."""
     sums, mini_batches = {}, 0
     if not skip:
-        sums, mini_batches = update(cfg, run.actor, run.critic, batch)
+        sums, mini_batches = update(run.algo, run.actor, run.critic, batch)
         run.engine.sync_weights(run.actor.module.policy)
     return update_metrics(sums, mini_batches)
 
@@ -181,9 +183,27 @@ class StepClock:
                 "mem/peak_mb": dist.max_over_ranks(peak_memory_mb(self.device))}
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """When the loop evaluates, logs transcripts and checkpoints, built once from the config (`of`)."""
+
+    max_steps: int  # trainer.max_steps
+    save_every: int  # trainer.save_every
+    eval_every: int  # trainer.eval_every (0: off)
+    eval_at_start: bool  # trainer.eval_at_start
+    samples_every: int  # logger.samples_every (0: off)
+
+    @staticmethod
+    def of(cfg: DictConfig) -> Schedule:
+        trainer = cfg.trainer
+        return Schedule(trainer.max_steps, trainer.save_every, trainer.eval_every, trainer.eval_at_start,
+                        cfg.logger.samples_every)
+
+
 @dataclass
 class Run:
-    """What the steps share: the models, the task and its rewards, the sinks, and where the run stands."""
+    """What the steps share: the models, the task and its rewards, the settings built from the config, the sinks,
+    and where the run stands."""
 
     run_dir: Path
     device: torch.device
@@ -195,6 +215,10 @@ class Run:
     task: Task
     reward_set: RewardSet
     estimator: Estimator
+    collecting: CollectSettings  # phase 1's
+    algo: AlgoSettings  # phases 2 to 4's
+    held_out: HeldOutSettings  # the held-out evaluation's
+    schedule: Schedule
     failing: FailureStreaks
     metrics_file: MetricsFile
     wandb: WandbSink | None
@@ -214,7 +238,8 @@ class Run:
 
 
 def start_run(cfg: DictConfig, run_dir: Path) -> Run:
-    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the sinks."""
+    """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the settings the steps read
+    (the only reads of `cfg` after it is checked), the sinks."""
     algo, trainer = cfg.algo, cfg.trainer
     estimator = ESTIMATORS[algo.advantage]
     seed_everything(trainer.seed)
@@ -225,6 +250,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
 
     # An intact checkpoint of the same algo, rewards and number of ranks, or a new run: rank 0 decides for all.
     resume_from = dist.main_decides(lambda: check_run_dir(cfg, run_dir))
+    identity = run_identity(cfg)
     tokenizer, actor, critic, reference = build_models(cfg, estimator, device, resume_from, run_dir)
     if dist.world_size() > 1:  # identical weights everywhere (above); from here each rank samples its own tokens
         seed_everything(trainer.seed + 1_000_003 * dist.rank())
@@ -237,6 +263,9 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
         load_rng_state(resume_from, dist.rank())
         state = json.loads((resume_from / "state.json").read_text())
         reward_set.load_prices(state.get("prices"))  # the budgets' prices (lambda), exactly as saved
+    sampling = Sampling.of(trainer)  # one for the rollouts, the losses and the held-out evaluation
+    settings = (CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator),
+                AlgoSettings.of(cfg, sampling), HeldOutSettings.of(cfg, sampling), Schedule.of(cfg))
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))
@@ -245,17 +274,18 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
                                              cfg.logger.log_every))
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
-    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator,
+    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, *settings,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
-               run_identity(cfg), state, completed=dict(state), saved_step=state["step"])
+               identity, state, completed=dict(state), saved_step=state["step"])
 
 
-def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
+def log_step(run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
     """Phase 5: metrics.jsonl, W&B, transcripts every `logger.samples_every` steps (one per group), the progress bar."""
     run.metrics_file.log(metrics)
     if run.wandb is not None:
         run.wandb.log(metrics)
-    if cfg.logger.samples_every and step % cfg.logger.samples_every == 0 and dist.is_main():
+    samples_every = run.schedule.samples_every
+    if samples_every and step % samples_every == 0 and dist.is_main():
         shown = collected.rounds[0]
         rows = list(range(0, len(shown.episodes), shown.rollouts.group_size))[:4]
         samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
@@ -266,33 +296,33 @@ def log_step(cfg: DictConfig, run: Run, step: int, metrics: dict[str, Any], coll
     run.progress.update(step, metrics)
 
 
-def eval_if_due(cfg: DictConfig, run: Run, step: int) -> dict[str, Any]:
+def eval_if_due(run: Run, step: int) -> dict[str, Any]:
     """Phase 5: the held-out evaluation (mrl/train/evaluate.py) every `trainer.eval_every` steps, at step 0 (before any
     update) and after the last: eval/<channel>/mean[@k], eval/accuracy, eval/pass@k, eval/<category>/accuracy,
     and rank 0 writes every episode's outcome to held_out/step_<N>.jsonl; {} when not due.  Every rank scores the
     same prompts (ZeRO-3's whole weights are a collective); rank 0 logs them.  Its draws come from a separate RNG,
     so the training rollouts are those of a run without evaluations."""
-    trainer = cfg.trainer
-    if not trainer.eval_every or (step % trainer.eval_every and step != trainer.max_steps):
+    schedule = run.schedule
+    if not schedule.eval_every or (step % schedule.eval_every and step != schedule.max_steps):
         return {}
     outcomes = outcomes_path(run.run_dir, step) if dist.is_main() else None
-    return held_out_metrics(cfg, run.engine, run.task, episode_protocol(cfg, run.tokenizer, run.task), run.reward_set,
-                            run.device, run.actor.whole, outcomes)
+    return held_out_metrics(run.held_out, run.engine, run.task, run.collecting.protocol, run.reward_set, run.device,
+                            run.actor.whole, outcomes)
 
 
-def log_base_eval(cfg: DictConfig, run: Run) -> None:
+def log_base_eval(run: Run) -> None:
     """Step 0's record in metrics.jsonl and W&B: the held-out evaluation of the model before training, if any (and
     not skipped: trainer.eval_at_start=false)."""
-    metrics = eval_if_due(cfg, run, 0) if cfg.trainer.eval_at_start else {}
+    metrics = eval_if_due(run, 0) if run.schedule.eval_at_start else {}
     if metrics:
         run.metrics_file.log({"step": 0, **metrics})
         if run.wandb is not None:
             run.wandb.log({"step": 0, **metrics})
 
 
-def checkpoint_if_due(cfg: DictConfig, run: Run, step: int) -> None:
+def checkpoint_if_due(run: Run, step: int) -> None:
     """Phase 5: every `trainer.save_every` steps and after the last."""
-    if step % cfg.trainer.save_every == 0 or step == cfg.trainer.max_steps:
+    if step % run.schedule.save_every == 0 or step == run.schedule.max_steps:
         save_checkpoint(run.run_dir, step, dict(run.state), run.actor, run.tokenizer, run.critic, run.identity)
         run.saved_step = step
 
@@ -347,11 +377,11 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
     return tokenizer, actor, critic, reference
 
 
-def step_metrics(cfg: DictConfig, run: Run, step: int, collected: Collected, every: EveryRank, batch: UpdateBatch,
+def step_metrics(run: Run, step: int, collected: Collected, every: EveryRank, batch: UpdateBatch,
                  updated: dict[str, float | None], clock: StepClock) -> dict[str, Any]:
     """Phase 5: the step's metrics: rewards, advantages, groups and shaping (`batch_metrics`), the budgets' prices,
     the update's, times and memory, the agents', and the held-out evaluation when due."""
-    metrics = batch_metrics(step, collected, every, run.reward_set, run.estimator, cfg.algo, batch)
+    metrics = batch_metrics(step, collected, every, run.reward_set, run.estimator, run.algo, batch)
     if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
         metrics.update(run.reward_set.update_prices(every.rewards))
         run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
@@ -360,12 +390,12 @@ def step_metrics(cfg: DictConfig, run: Run, step: int, collected: Collected, eve
     metrics.update(clock.metrics(generated_tokens))
     episodes = collected.episodes
     metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
-    metrics.update(eval_if_due(cfg, run, step))  # held-out prompts, every trainer.eval_every steps
+    metrics.update(eval_if_due(run, step))  # held-out prompts, every trainer.eval_every steps
     return metrics
 
 
 def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set: RewardSet, estimator: Estimator,
-                  algo, batch: UpdateBatch) -> dict[str, Any]:
+                  algo: AlgoSettings, batch: UpdateBatch) -> dict[str, Any]:
     """The step's reward, advantage, group and shaping metrics over every rank's rollouts (gathered; lockstep padding
     rows left out), at the weights the advantages used (before the prices move)."""
     G, K = collected.batch.group_size, len(reward_set.names)

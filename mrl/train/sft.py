@@ -35,7 +35,7 @@ from mrl.core import distributed as dist
 from mrl.core.config import UserError
 from mrl.core.data import EpochStream, load_records, split_train_eval
 from mrl.envs.task import Task, build_task, episode_protocol
-from mrl.generation.rollout import ROLLOUT_ENGINES, Rollouts, end_token_ids
+from mrl.generation.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids
 from mrl.modeling.lora import load_policy
 from mrl.modeling.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.modeling.trainable import Trainable, pick_device
@@ -45,7 +45,7 @@ from mrl.runs.rundir import STATE_FILE, Interrupted, RunDirLock, StopSignals, ch
 from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.runs.warm_start import warm_start
 from mrl.train.demonstrations import Played, play, play_conversation
-from mrl.train.evaluate import held_out_metrics, outcomes_path
+from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
 from mrl.train.loop import seed_everything
 from mrl.train.update import policy_forward
 from mrl.train.validation import validate
@@ -60,10 +60,32 @@ def sft(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         return sft_locked(cfg, run_dir)
 
 
+@dataclass(frozen=True)
+class SftSettings:
+    """What SFT's steps read of the config, built once (`of`); each field is its config key's (mrl/core/config.py
+    SftConfig)."""
+
+    batch_size: int  # sft.batch_size
+    micro_batch_size: int  # sft.micro_batch_size
+    lr: float  # sft.lr
+    warmup_steps: int  # sft.warmup_steps
+    eval_every: int  # sft.eval_every
+    save_every: int  # sft.save_every
+    eval_at_start: bool  # trainer.eval_at_start
+
+    @staticmethod
+    def of(cfg) -> SftSettings:
+        s = cfg.sft
+        return SftSettings(s.batch_size, s.micro_batch_size, s.lr, s.warmup_steps, s.eval_every, s.save_every,
+                           cfg.trainer.eval_at_start)
+
+
 @dataclass
 class SftRun:
     """What the steps share."""
 
+    settings: SftSettings
+    identity: dict[str, Any]  # goes into every checkpoint's manifest
     actor: Trainable
     tokenizer: Any
     rows: EpochStream  # the played demonstrations, reshuffled each epoch
@@ -88,19 +110,18 @@ def sft_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     saved = run.state["step"]
 
     def save() -> None:
-        save_checkpoint(run_dir, run.state["step"], dict(run.state), run.actor, run.tokenizer, None,
-                        run_identity(cfg))
+        save_checkpoint(run_dir, run.state["step"], dict(run.state), run.actor, run.tokenizer, None, run.identity)
 
     try:
-        if run.state["step"] == 0 and cfg.trainer.eval_at_start:
+        if run.state["step"] == 0 and run.settings.eval_at_start:
             log(run, {"step": 0, **run.evaluate(0)})  # the starting model's held-out score
         for step in range(run.state["step"] + 1, run.steps + 1):
             stop.defer()  # a signal waits for the step's end: weights, logs and checkpoint agree
-            metrics = sft_step(cfg, run, step)
-            if cfg.sft.eval_every and step % cfg.sft.eval_every == 0 or step == run.steps:
+            metrics = sft_step(run, step)
+            if run.settings.eval_every and step % run.settings.eval_every == 0 or step == run.steps:
                 metrics.update(run.evaluate(step))
             log(run, metrics)
-            if step % cfg.sft.save_every == 0 or step == run.steps:
+            if step % run.settings.save_every == 0 or step == run.steps:
                 save()
                 saved = step
             try:
@@ -139,14 +160,14 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
         state = json.loads((resume_from / STATE_FILE).read_text())
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
-    protocol = episode_protocol(cfg, tokenizer, task)
+    protocol, held_out = episode_protocol(cfg, tokenizer, task), HeldOutSettings.of(cfg, Sampling.of(cfg.trainer))
 
     def evaluate(step: int) -> dict[str, Any]:
         """The held-out prompts (mrl.train.evaluate, as `mrl train` scores them): eval/... keys; rank 0 writes every
         episode's outcome to held_out/step_<step>.jsonl."""
         engine.sync_weights(actor.module.policy)
         outcomes = outcomes_path(run_dir, step) if dist.is_main() else None
-        return held_out_metrics(cfg, engine, task, protocol, reward_set, device, actor.whole, outcomes)
+        return held_out_metrics(held_out, engine, task, protocol, reward_set, device, actor.whole, outcomes)
 
     previous = resume_from.parent.parent / METRICS_FILE if resume_from else None
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous))
@@ -154,8 +175,8 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
         if cfg.logger.backend == "wandb" and dist.is_main() else None
     progress = dist.on_main(lambda: Progress(steps, state["step"], [], cfg.logger.log_every, name="sft",
                                              shown={"loss": "sft/loss", "accuracy": "eval/accuracy"}))
-    return SftRun(actor, tokenizer, EpochStream(rows, f"sft/{cfg.trainer.seed}"), steps, state, evaluate,
-                  metrics_file, wandb, progress)
+    return SftRun(SftSettings.of(cfg), run_identity(cfg), actor, tokenizer,
+                  EpochStream(rows, f"sft/{cfg.trainer.seed}"), steps, state, evaluate, metrics_file, wandb, progress)
 
 
 def demonstration_rows(cfg: DictConfig, task: Task, tokenizer, end_ids: list[int]) -> list[Played]:
@@ -243,9 +264,9 @@ def lr_at(step: int, lr: float, warmup_steps: int) -> float:
     return lr * min(1.0, step / warmup_steps) if warmup_steps else lr
 
 
-def sft_step(cfg: DictConfig, run: SftRun, step: int) -> dict[str, Any]:
+def sft_step(run: SftRun, step: int) -> dict[str, Any]:
     """One optimizer step on the next `sft.batch_size` demonstrations (this rank's share); its metrics."""
-    s, start = cfg.sft, time.perf_counter()
+    s, start = run.settings, time.perf_counter()
     offset, count = dist.shard(s.batch_size)
     position = run.state["prompt_position"]
     rows = [run.rows[position + offset + i] for i in range(count)]

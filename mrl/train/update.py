@@ -14,7 +14,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor
 
 from mrl.algo.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
@@ -24,6 +23,46 @@ from mrl.modeling.models import position_ids
 from mrl.modeling.trainable import Trainable
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
+
+
+@dataclass(frozen=True)
+class AlgoSettings:
+    """The algo.* and trainer.* values that scoring, the advantages and the update read, built once from the config
+    (`of`); each field is its config key's (mrl/core/config.py AlgoConfig, TrainerConfig).  It is also the estimators'
+    settings (mrl.algo.advantages.Settings)."""
+
+    epochs: int
+    num_mini_batches: int
+    micro_batch_size: int
+    loss_agg: str
+    clip_low: float
+    clip_high: float
+    entropy_coef: float
+    kl_coef: float
+    kl_mode: str
+    vf_coef: float
+    value_clip: float
+    adv_eps: float
+    gdpo_batch_norm: bool
+    gamma: float
+    lam: float
+    whiten_advantages: bool
+    sampling: Sampling  # the loss scores the distribution the sampler drew from: its temperature, top_k / top_p
+
+    @staticmethod
+    def of(cfg, sampling: Sampling) -> AlgoSettings:
+        algo, trainer = cfg.algo, cfg.trainer
+        return AlgoSettings(algo.epochs, trainer.num_mini_batches, trainer.micro_batch_size, algo.loss_agg,
+                            algo.clip_low, algo.clip_high, algo.entropy_coef, algo.kl_coef, algo.kl_mode,
+                            algo.vf_coef, algo.value_clip, algo.adv_eps, algo.gdpo_batch_norm, algo.gamma, algo.lam,
+                            algo.whiten_advantages, sampling)
+
+    @property
+    def single_update(self) -> bool:
+        """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated
+        is the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second
+        pass."""
+        return self.epochs == 1 and self.num_mini_batches == 1 and self.kl_mode != "reward"
 
 
 @dataclass
@@ -54,12 +93,11 @@ class UpdateBatch:
                            pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
 
 
-def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
+def update(algo: AlgoSettings, actor: Trainable, critic: Trainable | None,
            batch: UpdateBatch) -> tuple[dict[str, float], int]:
     """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
     step per mini-batch.  Returns (per-mini-batch sums of the update metrics, number of mini-batches)."""
-    algo, trainer = cfg.algo, cfg.trainer
-    warp = Sampling.of(trainer).truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
+    warp = algo.sampling.truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
     actor.module.train()
     if critic is not None:
         critic.module.train()  # gradient checkpointing (and dropout, if any) only act in train mode
@@ -67,7 +105,7 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
     mini_batches = 0
     for _ in range(algo.epochs):
         # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
-        for mini in torch.randperm(batch.rows).tensor_split(trainer.num_mini_batches):
+        for mini in torch.randperm(batch.rows).tensor_split(algo.num_mini_batches):
             if not len(mini):
                 continue
             mini_batches += 1
@@ -77,10 +115,10 @@ def update(cfg: DictConfig, actor: Trainable, critic: Trainable | None,
             tokens = dist.per_rank_denominator(mini_mask.sum().item())
             denom = tokens if AGGREGATIONS[algo.loss_agg].per_token else \
                 dist.per_rank_denominator((mini_mask.sum(-1) > 0).sum().item())
-            micros = micro_batches(mini, trainer.micro_batch_size, batch.rollouts.group_size)
+            micros = micro_batches(mini, algo.micro_batch_size, batch.rollouts.group_size)
             for i, rows in enumerate(micros):
                 micro = batch.take(rows)
-                loss, stats = micro_loss(algo, actor, micro, denom, tokens, trainer.temperature, warp)
+                loss, stats = micro_loss(algo, actor, micro, denom, tokens, algo.sampling.temperature, warp)
                 last = i == len(micros) - 1
                 grad_norm = actor.accumulate(loss, last)
                 if critic is not None:
@@ -164,12 +202,6 @@ def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float
     return metrics
 
 
-def single_update(cfg: DictConfig) -> bool:
-    """One optimizer step per batch (one epoch, one mini-batch) and no KL in the rewards: the policy being updated is
-    the one that sampled, so the ratio's old log-probs are the update's own, detached (as TRL), not a second pass."""
-    return cfg.algo.epochs == 1 and cfg.trainer.num_mini_batches == 1 and cfg.algo.kl_mode != "reward"
-
-
 @dataclass
 class Scores:
     """Phase 2: the batch scored without gradients, per completion token [N, T]."""
@@ -180,13 +212,12 @@ class Scores:
     kl_penalty: Tensor | None = None  # PPO's per-token KL penalty in the reward (algo.kl_mode=reward)
 
 
-def score(cfg: DictConfig, actor: Trainable, reference, critic: Trainable | None, batch: Rollouts) -> Scores:
+def score(algo: AlgoSettings, actor: Trainable, reference, critic: Trainable | None, batch: Rollouts) -> Scores:
     """Phase 2: `batch` scored by the policy, the reference and the critic, their weights whole (ZeRO-3)."""
-    trainer = cfg.trainer
     with actor.whole(), critic.whole() if critic is not None else nullcontext():
-        scores = score_rollouts(actor, reference, critic, batch, trainer.micro_batch_size, trainer.temperature,
-                                policy=not single_update(cfg), warp=Sampling.of(trainer).truncation())
-    scores.kl_penalty = reward_kl_penalty(cfg.algo, scores, batch.completion_mask.float())
+        scores = score_rollouts(actor, reference, critic, batch, algo.micro_batch_size, algo.sampling.temperature,
+                                policy=not algo.single_update, warp=algo.sampling.truncation())
+    scores.kl_penalty = reward_kl_penalty(algo, scores, batch.completion_mask.float())
     return scores
 
 
