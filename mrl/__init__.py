@@ -58,7 +58,7 @@ MOVED = {
     "mrl.evaluate": "mrl.train.evaluate",
     "mrl.validation": "mrl.train.validation",
     "mrl.demonstrations": "mrl.train.demonstrations",
-    "mrl.benchmarks": "mrl.envs",
+    "mrl.benchmarks": (),  # a module of its own: the import system sets its submodules on it, never on mrl.envs
     "mrl.benchmarks.bfcl": ("mrl.envs.bfcl.grader", "mrl.envs.bfcl_agent.gym"),  # BFCL's graders: grade, replay
     "mrl.benchmarks.humaneval": "mrl.envs.humaneval",
 }
@@ -74,14 +74,18 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         home = MOVED[spec.name]
         if isinstance(home, str):
-            return importlib.import_module(home)
+            module = importlib.import_module(home)
+            spec.loader_state = module.__spec__  # the import system sets __spec__ to this one; exec_module restores it
+            return module
         module = types.ModuleType(spec.name)
+        module.__path__ = []  # a package, so that its old submodules import below it
         for part in map(importlib.import_module, home):
             module.__dict__.update((k, v) for k, v in vars(part).items() if not k.startswith("_"))
         return module
 
     def exec_module(self, module):
-        pass
+        if module.__spec__.loader_state is not None:
+            module.__spec__ = module.__spec__.loader_state
 
 
 sys.meta_path.insert(0, _MovedModules())  # before any finder that could still see an old file

@@ -3,6 +3,7 @@ points docs/extending.md names import at the paths it gives."""
 
 import importlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,17 @@ def test_the_extension_points_import_where_docs_extending_md_says():
     assert not old, f"docs/extending.md names {old} by their old homes: write the new ones (mrl.MOVED)"
     for name in names:
         assert resolve(name) is not None, f"docs/extending.md names {name}, which does not import"
+
+
+def test_an_old_name_leaves_the_new_homes_as_they_were():
+    """Importing mrl.benchmarks.bfcl (a module of two homes' names) must not replace mrl.envs.bfcl on its parent, as
+    aliasing mrl.benchmarks to mrl.envs did (Hydra's `_target_: mrl.envs.bfcl.BfclTask` then failed); and a module
+    reached by its old name keeps its own `__spec__`."""
+    from hydra.utils import get_class
+
+    import mrl.benchmarks.bfcl  # noqa: F401
+    import mrl.config  # noqa: F401
+    import mrl.envs
+
+    assert mrl.envs.bfcl.__name__ == "mrl.envs.bfcl" and get_class("mrl.envs.bfcl.BfclTask").__name__ == "BfclTask"
+    assert sys.modules["mrl.config"].__spec__.name == "mrl.core.config"
