@@ -230,6 +230,26 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
     assert (out / "bfcl.png").stat().st_size > 10_000
 
 
+def test_paper_bfcl_judges_the_greedy_episodes_when_no_samples_are_drawn(reports, monkeypatch):
+    """k = 0 (SCALE=cpu since the plan of 2026-12-06b): the claims are judged on each record's greedy episode, keyed
+    eval/accuracy and eval/format/mean, with the same numbers as above (the fake's greedy rows equal its mean@4
+    ones): accuracy HELD paired (Binomial(30, 0.3) / 30), format NOT RESOLVED; no mean@k column anywhere."""
+    from mrl.repro import paper_bfcl
+
+    finals = {"grpo": [bfcl_eval(a, f) for a, f in ((0.2, 0.7), (0.3, 0.8), (0.4, 0.9))],
+              "gdpo": [bfcl_eval(a, f) for a, f in ((0.5, 0.8), (0.6, 0.9), (0.7, 1.0))]}
+    monkeypatch.setattr(warm, "mrl", FakeMrl(finals, bfcl_eval(0.35, 0.85)))
+    monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)
+    monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 0)
+    paper_bfcl.main()
+    summary = (reports / "paper" / "bfcl" / "summary.md").read_text()
+    assert "| held-out accuracy (BFCL's verdict): accuracy | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD (0.163) " \
+           "| +0.300 [+0." in summary
+    assert "| format: format/mean | 0.900 ± 0.058 | 0.800 ± 0.058 | NOT RESOLVED (0.163) | +0.100 [+0.000, " in summary
+    assert "mean@" not in summary and "Claims judged on the greedy episode of each record" in summary
+    assert "trainer.eval_samples=0" in summary
+
+
 def test_agent_writes_start_and_end_per_preset_and_dapo_generations(reports, monkeypatch):
     from mrl.repro import agent
 

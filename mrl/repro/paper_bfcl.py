@@ -44,7 +44,9 @@ SIZES = {
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
              "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
 }
-SAMPLES = {"cpu": 2, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
+SAMPLES = {"cpu": 0, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
+# (cpu: greedy only, the plan of 2026-12-06b: 2 samples made the warm start's evaluation > 37 min on one core)
+GREEDY = {"correctness": "eval/accuracy", "format": "eval/format/mean"}  # a claim's key when k = 0
 MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
 
 
@@ -69,8 +71,13 @@ def arm_of(run) -> str:
 
 def keys(samples: int) -> list[str]:
     """The table's held-out keys: greedy accuracy and format, each claimed channel's mean@k, per-category accuracy."""
-    return (["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/mean@{samples}" for c, _ in CLAIMS]
+    return (["eval/accuracy", "eval/format/mean"] + [f"eval/{c}/mean@{samples}" for c, _ in CLAIMS if samples]
             + [f"eval/{c}/accuracy" for c in CATEGORIES])
+
+
+def claim_key(channel: str, samples: int) -> str:
+    """The held-out key a claim is judged on: its mean@k, or with k = 0 its greedy value."""
+    return f"eval/{channel}/mean@{samples}" if samples else GREEDY[channel]
 
 
 def verdict_rows(table: dict[str, dict[str, list[float]]], runs, samples: int) -> tuple[list[list[str]], str]:
@@ -79,8 +86,9 @@ def verdict_rows(table: dict[str, dict[str, list[float]]], runs, samples: int) -
     (table rows, the combined paired verdict)."""
     rows, parts = [], []
     for channel, what in CLAIMS:
-        key = f"eval/{channel}/mean@{samples}"
-        paired = paired_verdict(*(arm_outcomes(runs, arm_of, arm, channel, sampled=True) for arm in ("gdpo", "grpo")))
+        key = claim_key(channel, samples)
+        paired = paired_verdict(*(arm_outcomes(runs, arm_of, arm, channel, sampled=samples > 0)
+                                  for arm in ("gdpo", "grpo")))
         parts.append(paired.verdict)
         rows.append([f"{what}: {key.removeprefix('eval/')}", warm.cell(table["gdpo"][key]),
                      warm.cell(table["grpo"][key]), *verdict_cells(table["gdpo"][key], table["grpo"][key], paired)])
@@ -97,7 +105,7 @@ def main() -> None:
     held_keys = keys(samples)
     table = warm.write_tables(out, "bfcl", runs, arm_of, held_keys, origin)
     warm.plot_curves(out / "bfcl.png", runs, arm_of, held_keys, origin,
-                     f"BFCL held-out (greedy; mean@{samples}: {samples} samples at the training temperature), "
+                     f"BFCL held-out (greedy{f'; mean@{samples}: {samples} samples at T' if samples else ''}), "
                      "mean ± SE over seeds")
     html = warm.write_html(the_plan, out / "report.html", "repro-paper: GRPO vs GDPO on BFCL from one warm start")
     header = ["arm", *(k.removeprefix("eval/") for k in held_keys)]
@@ -118,9 +126,11 @@ def main() -> None:
               f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
               + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"
                  if the_plan.eval_prompts < HELD_OUT else f"every one of their {HELD_OUT} held-out records")
-              + f", greedy and {samples} times sampled at the training temperature (mean@{samples}). Table: each "
+              + (f", greedy and {samples} times sampled at the training temperature (mean@{samples})" if samples
+                 else ", greedy") + ". Table: each "
               f"arm's last evaluation, mean ± standard error over seeds {SEEDS}; start = the warm start's own "
-              f"evaluation (every arm's step 0). Claims judged on mean@{samples}. {RULE} Interactive curves and "
+              f"evaluation (every arm's step 0). Claims judged on "
+              f"{f'mean@{samples}' if samples else 'the greedy episode of each record'}. {RULE} Interactive curves and "
               f"every metric as CSV: `{html.relative_to(REPORTS.parent)}` ({warm.HTML_NOTE}). Every run of this "
               "target, kept or not, and the plan each ran: docs/reproductions.md (\"Budgets\").",
         numbers=numbers,
