@@ -6,9 +6,10 @@ declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL a
 76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
 two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
 before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; every
-one of the 170 held-out records, at both scales, scored greedy and k times sampled (mean@k) at the start (the warm
-start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims are judged on mean@k, paired
-by seed and record (mrl.repro.paired), with the unpaired 2-SE verdict on the seed means beside it.
+one of the 170 held-out records, at both scales, scored greedy and k times sampled (mean@k; k = 0 at SCALE=cpu: greedy
+only) at the start (the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims
+are judged on mean@k (greedy where k = 0), paired by seed and record (mrl.repro.paired), with the unpaired 2-SE
+verdict on the seed means beside it.
 gdpo_conditioned does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
