@@ -124,7 +124,7 @@ def main() -> None:
               "and format (the GDPO paper's first setting, Table 1).",
         setup=f"`make repro-paper`{'' if warm.scale(SIZES) == 'cpu' else f' (SCALE={warm.scale(SIZES)})'}:\n\n```\n"
               + "\n".join(the_plan.commands()) + "\n```\n\n"
-              f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored greedy on "
+              f"Categories {', '.join(CATEGORIES)}: trained on their train split, scored on "
               + (f"the first {the_plan.eval_prompts // len(CATEGORIES)} held-out records of each"
                  if the_plan.eval_prompts < HELD_OUT else f"every one of their {HELD_OUT} held-out records")
               + (f", greedy and {samples} times sampled at the training temperature (mean@{samples})" if samples
