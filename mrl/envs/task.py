@@ -223,9 +223,8 @@ def check(cfg) -> None:
     if task_class is not None:
         check_task(task_class)
     if cfg.data.path and cfg.get("stage", "rl") != "sft":
-        from mrl.modeling.models import (
-            context_length,  # start-up time: mrl.modeling.models imports torch, the tasks do not
-        )
+        # Start-up time: mrl.modeling.models imports torch, the tasks do not.
+        from mrl.modeling.models import context_length
 
         dataset_file(cfg.data.path)
         required = getattr(task_class, "record_fields", TaskBase.record_fields)  # None (no task): ()
