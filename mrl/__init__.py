@@ -10,8 +10,10 @@
   algo/             the trainers' maths
   core/             schemas, plain data, ranks
 
-Modules moved into these packages on 2026-12-06 are still importable by their old names (`mrl.advantages`,
-`mrl.protocols`, ...: MOVED below), as the same module objects, so code written against them runs unchanged.
+Modules moved into these packages on 2026-12-06 are still importable (and runnable with `python -m`) by their old
+names (`mrl.advantages`, `mrl.protocols`, ...: MOVED below), as the same module objects.  Names renamed with the
+move are not aliased (`HFEngine` is `InProcessEngine`; the step's functions take the settings built at the door,
+not `cfg`: docs/design.md).  mrl's own code imports only the new names (tests/test_moved_names.py).
 """
 
 import importlib
@@ -82,6 +84,10 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         for part in map(importlib.import_module, home):
             module.__dict__.update((k, v) for k, v in vars(part).items() if not k.startswith("_"))
         return module
+
+    def get_code(self, name):  # `python -m <old name>` runs the module at its home
+        home = MOVED[name]
+        return importlib.util.find_spec(home).loader.get_code(home) if isinstance(home, str) else None
 
     def exec_module(self, module):
         if module.__spec__.loader_state is not None:

@@ -28,7 +28,6 @@ def test_an_environment_is_one_module_and_one_yaml(make_cfg, tmp_path):
 def test_the_documented_graders_stay_importable():
     """At their homes (docs/benchmarks.md), and by their old names mrl.benchmarks.* (mrl.MOVED) as the same
     functions."""
-    from mrl import MOVED
     from mrl.benchmarks.bfcl import grade as old_bfcl_grade
     from mrl.benchmarks.bfcl import replay as old_replay
     from mrl.benchmarks.humaneval import grade as old_humaneval_grade
@@ -39,8 +38,6 @@ def test_the_documented_graders_stay_importable():
 
     assert all(map(callable, (bfcl_grade, replay, humaneval_grade, run_tests)))
     assert (old_bfcl_grade, old_replay, old_humaneval_grade) == (bfcl_grade, replay, humaneval_grade)
-    assert MOVED["mrl.benchmarks.bfcl"] == ("mrl.envs.bfcl.grader", "mrl.envs.bfcl_agent.gym")
-    assert MOVED["mrl.benchmarks.humaneval"] == "mrl.envs.humaneval"
 
 
 def test_no_environment_is_split_across_folders():
