@@ -68,7 +68,7 @@ def validate(cfg: DictConfig) -> None:
     # Start-up time: the components import torch; imported once the plain checks passed, so refusals come fast.
     from mrl.algo import algos
     from mrl.chat import protocols
-    from mrl.envs import task as tasks
+    from mrl.envs import task
     from mrl.generation import rollout
     from mrl.modeling import fits, lora, models, trainable
     from mrl.rewards import channels
@@ -76,7 +76,7 @@ def validate(cfg: DictConfig) -> None:
     from mrl.train import demonstrations
 
     for check in (fits.check, rollout.check, algos.check, protocols.check, trainable.check, channels.check,
-                  models.check, tasks.check, lora.check, warm_start.check, demonstrations.check):
+                  models.check, task.check, lora.check, warm_start.check, demonstrations.check):
         check(cfg)
 
 
