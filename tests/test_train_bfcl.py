@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,38 @@ def test_train_bfcl_summary_pairs_rl_with_its_start_and_sft_alone(tmp_path, monk
     assert "**Verdict: HELD.** RL over its start, per seed: seed 0 HELD; seed 1 HELD." in summary
     assert "| 0 | sft | 10 | 0.300 | 1.000 | 0.300 | 1.000 | 100 |" in summary  # the start, after 100 s of SFT
     assert "| 0 | rl | 40 | 0.600 | 1.000 | 0.600 | 1.000 | 1200 |" in summary
+
+
+def test_jobs_runs_the_seeds_side_by_side_with_a_core_each(tmp_path, monkeypatch):
+    """JOBS=2: each seed's chain (sft, train, sft resumed, report) still runs in its order, the children get one
+    torch thread a seed on 2 cores, and the extra SFT steps are each seed's own."""
+    import mrl.repro.common as common
+
+    calls, threads = [], []
+
+    def fake_mrl(args: list[str]) -> None:
+        calls.append(args)
+        threads.append(os.environ.get("OMP_NUM_THREADS"))
+        if args[0] == "report":
+            return
+        run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+        seed = int(next(a.split("=", 1)[1] for a in args if a.startswith("trainer.seed=")))
+        if args[0] == "train":
+            write_stage(run_dir, range(1, 41), 30.0 * (seed + 1), 40, 12)
+        elif "trainer.resume=true" not in args:
+            write_stage(run_dir, range(1, 11), 10.0, 10, 6)
+
+    for module in (common, train_bfcl):
+        monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(train_bfcl.warm, "mrl", fake_mrl)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "unset")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("JOBS", "2")
+    extra = train_bfcl.run_seeds([0, 1], tmp_path / "runs")
+    assert extra == {0: 120, 1: 240}
+    for seed, steps in extra.items():
+        mine = [a for a in calls if f"trainer.seed={seed}" in a or str(tmp_path / "runs" / f"seed{seed}") in a[1]]
+        assert [a[0] for a in mine] == ["sft", "train", "sft", "report"]
+        assert f"sft.steps={10 + steps}" in mine[2]
+    assert threads == ["1"] * 8
