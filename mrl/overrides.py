@@ -3,7 +3,7 @@
 - A resume is one command: `trainer.resume=true hydra.run.dir=RUN` (or `--resume RUN`) re-reads the overrides the
   run was started with (RUN/.hydra/overrides.yaml, and its `--config-dir`), so that it composes the run's config;
   a new override that contradicts a saved one is refused, but for the steps, the save and eval intervals and the
-  logger (`EXTENDABLE`: trainer.max_steps=600 goes on to step 600).
+  logger (`EXTENDABLE`: trainer.max_steps=600 goes on to step 600, and `mrl sft`'s sft.steps=600 likewise).
 - A misspelt config group or choice (`reward=agent_triple`, `algo=gdop`) is one line with the nearest name, where
   Hydra would advise `+reward=...` or list its search path.
 """
@@ -22,7 +22,8 @@ RESUME_FLAG = "--resume"
 TRUE = ("true", "yes", "1", "latest")
 # What a resume may change: how long it goes on, how often it saves and evaluates, where it logs.  Any other key the
 # run was started with is the run's: a new value for it is refused.
-EXTENDABLE = ("trainer.resume", "trainer.max_steps", "trainer.save_every", "trainer.eval_every", "logger.")
+EXTENDABLE = ("trainer.resume", "trainer.max_steps", "trainer.save_every", "trainer.eval_every", "sft.steps",
+              "sft.save_every", "sft.eval_every", "logger.")
 
 
 def _split(arg: str) -> tuple[str, str] | None:

@@ -181,3 +181,20 @@ def test_jobs_runs_the_seeds_side_by_side_with_a_core_each(tmp_path, monkeypatch
         assert [a[0] for a in mine] == ["sft", "train", "sft", "report"]
         assert f"sft.steps={10 + steps}" in mine[2]
     assert threads == ["1"] * 8
+
+
+def test_sft_alone_resumes_the_sft_run_for_more_steps(tmp_path):
+    """The SFT-alone stage is the SFT run resumed with more steps: the command line the run was started with (as
+    Hydra saves it) and the resume's agree but for sft.steps, which a resume may extend."""
+    import yaml
+
+    from mrl.overrides import expand_resume
+
+    args = train_bfcl.stage_args(0, tmp_path, extra_sft=25)
+    sft_dir = tmp_path / "seed0" / "sft"
+    (sft_dir / ".hydra").mkdir(parents=True)
+    (sft_dir / ".hydra" / "overrides.yaml").write_text(
+        yaml.safe_dump([a for a in args["sft"][1:] if not a.startswith("hydra.")]))
+    expanded = expand_resume(args["sft_more"][1:])
+    assert expanded[-len(args["sft_more"]) + 1:] == args["sft_more"][1:]
+    assert f"sft.steps={train_bfcl.SFT_STEPS + 25}" in expanded and "trainer.resume=true" in expanded

@@ -228,6 +228,9 @@ def test_a_resume_rereads_the_saved_overrides_and_refuses_only_a_contradiction(t
                 f"hydra.run.dir={run}"]
     assert expand_resume(["trainer.resume=true", f"hydra.run.dir={run}"]) == expected
     assert expand_resume(["--resume", str(run), "trainer.max_steps=9"]) == [*expected, "trainer.max_steps=9"]
+    sft_run = saved_run(tmp_path / "sft", ["sft.steps=10", "sft.save_every=5"])
+    assert expand_resume(["--resume", str(sft_run), "sft.steps=30", "sft.save_every=10"])[-2:] == [
+        "sft.steps=30", "sft.save_every=10"]  # mrl sft goes on for longer, as mrl train does
     assert expand_resume(["--resume", str(run), "algo=grpo"]).count("algo=grpo") == 1  # a repeat: once
     assert expand_resume(["algo=ppo", f"hydra.run.dir={run}"]) == ["algo=ppo", f"hydra.run.dir={run}"]  # no resume
     with pytest.raises(UserError, match=rf"^trainer.resume: {run} was started with algo=grpo; this command gives "

@@ -127,8 +127,14 @@ def run_seed(seed: int, root: Path) -> int:
     steps."""
     args = stage_args(seed, root)
     warm.mrl(args["sft"])
-    sft_records = read_metrics(root / f"seed{seed}" / "sft" / METRICS_FILE)
     warm.mrl(args["rl"])
+    return sft_alone(seed, root)
+
+
+def sft_alone(seed: int, root: Path) -> int:
+    """The SFT run resumed for the RL stage's training time (its first SFT_STEPS steps' seconds a step), then the
+    seed's curves; -> the extra SFT steps."""
+    sft_records = [r for r in read_metrics(root / f"seed{seed}" / "sft" / METRICS_FILE) if r["step"] <= SFT_STEPS]
     extra = steps_for_same_time(read_metrics(root / f"seed{seed}" / "rl" / METRICS_FILE), sft_records)
     warm.mrl(stage_args(seed, root, extra)["sft_more"])
     warm.mrl(["report", str(root / f"seed{seed}" / "sft"), str(root / f"seed{seed}" / "rl"), "--out",
@@ -149,6 +155,12 @@ def main() -> None:
     root, start, seed_list = REPORTS / NAME / "runs", time.perf_counter(), seeds()
     shutil.rmtree(root, ignore_errors=True)  # this target's own runs from a previous invocation
     extra = run_seeds(seed_list, root)
+    summarize(root, seed_list, extra, time.perf_counter() - start)
+
+
+def summarize(root: Path, seed_list: list[int], extra: dict[int, int], seconds: float) -> None:
+    """reports/train-bfcl/summary.md from the runs under `root`: the stages' evaluations, the paired gains, the
+    curves; `extra`: each seed's SFT-alone steps; `seconds`: the wall time it all took."""
     commands = [warm.show(a) for seed in seed_list for a in stage_args(seed, root, extra[seed]).values()]
     numbers = markdown_table(["seed", "run", "step", *(k.removeprefix("eval/") for k in STAGE_KEYS), "trained s"],
                              stage_table(root, seed_list))
@@ -168,7 +180,7 @@ def main() -> None:
         numbers=numbers,
         verdict="RL over its start, per seed: " + "; ".join(f"seed {r[1]} {r[-1]}" for r in gains) + ".",
         held=all(r[-1] == "HELD" for r in gains),
-        cost=f"{warm.minutes(time.perf_counter() - start)} of wall time.",
+        cost=f"{warm.minutes(seconds)} of wall time.",
     )
 
 
