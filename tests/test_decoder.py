@@ -358,3 +358,22 @@ def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():
 
     assert draw_for(torch.device("cpu")) is inverse_cdf and NativeDecoder(family_model("llama")).draw is inverse_cdf
     assert draw_for(torch.device("cuda")) is multinomial and draw_for(torch.device("meta")) is multinomial
+
+
+def test_grouped_query_attention_is_computed_without_copying_keys_and_values_out(monkeypatch):
+    """On a CPU the native decoder attends with torch's own grouped-query SDPA: HF's `repeat_kv`, which copies each
+    key and value head out to its query heads at every layer and token, is never called, and the tokens are HF
+    generate's (2 KV heads for 4 query heads)."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    model = family_model("llama")
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    sampling = Sampling(12, temperature=0.9)
+    expected = draw(hf_decode, model, sampling)
+    assert torch.equal(draw(native_hf_draw, model, sampling), expected)  # its first use checks the model's forward
+
+    def refuse(*_):
+        raise AssertionError("repeat_kv called: keys and values copied to every query head")
+
+    monkeypatch.setattr(sdpa, "repeat_kv", refuse)
+    assert torch.equal(draw(native_hf_draw, model, sampling), expected)

@@ -205,6 +205,11 @@ class NativeDecoder:
         self.decoder = self.model.model  # embed_tokens, layers, norm, rotary_emb
         self.rotate = apply_rotary_pos_emb  # every supported family rotates the same way (rotate_half)
         self.attend = sdpa_attention_forward  # HF's own SDPA call: its kernel choice per device (GQA, masks)
+        # On a CPU, torch's SDPA groups the query heads itself (`enable_gqa`) under a mask, where HF's call copies the
+        # keys and values out to every query head (`repeat_kv`) whenever a mask is given: SmolLM2's 3 KV heads made
+        # 9, in every layer at every token (decode attention 4x slower, measured); on a GPU, masked GQA would leave
+        # the fused kernels, so HF's call stays.
+        self.grouped = self.decoder.embed_tokens.weight.device.type == "cpu"
         # probabilities [A, V] -> tokens [A]
         self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
         self.skinny = skinny_linears(self.model)
@@ -307,10 +312,21 @@ class NativeDecoder:
                 q, k = attention.q_norm(q), attention.k_norm(k)
             q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             keys, values = buffers.write(i, start, k, self._project(attention.v_proj, x).view(heads).transpose(1, 2))
-            out, _ = self.attend(attention, q, keys, values, mask, scaling=attention.scaling)  # [A, n, heads, D]
+            out = self._attend(attention, q, keys, values, mask)  # [A, n, heads, D]
             hidden = hidden + self._project(attention.o_proj, out.reshape(rows, n, -1))
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return self.decoder.norm(hidden[:, -1])
+
+    def _attend(self, attention: torch.nn.Module, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """Scaled dot-product attention of q [A, heads, n, D] over keys, values [A, KV heads, S, D] under `mask`
+        [A, 1, n, S] (True: attend) -> [A, n, heads, D], query head h reading KV head h // (heads / KV heads), as
+        HF's `repeat_kv` lays them out."""
+        if not self.grouped:
+            return self.attend(attention, q, keys, values, mask, scaling=attention.scaling)[0]
+        out = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                               scale=attention.scaling,
+                                                               enable_gqa=q.shape[1] != keys.shape[1])
+        return out.transpose(1, 2)
 
     def _project(self, linear: torch.nn.Module, x: Tensor) -> Tensor:
         if linear in self.skinny and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
