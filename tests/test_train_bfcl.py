@@ -110,7 +110,8 @@ def test_train_bfcl_summary_pairs_rl_with_its_start_and_sft_alone(tmp_path, monk
     records +1, the resampled mean Binomial(20, 0.3)/20 with P(<= 1/20) = 0.008 and P(<= 2/20) = 0.035: the interval
     starts at 0.1, HELD on each seed.  SFT alone - start: 2 of 20, P(0) = 0.9^20 = 0.12: NOT RESOLVED.  SFT steps
     take 10 s and RL's 40 steps 30 s each: SFT alone gets 1200 / 10 = 120 more steps.  Both seeds together, SFT
-    alone's 4 of 40 pairs: P(0) = 0.9^40 = 0.015 < 0.025, HELD."""
+    alone's 4 of 40 pairs: P(0) = 0.9^40 = 0.015 < 0.025, HELD.  RL - SFT alone: 4 of 20 records +1, Binomial(20,
+    0.2): P(0) = 0.012, P(<= 7) = 0.968, P(<= 8) = 0.990: [0.05, 0.40], HELD, said beside the claim's verdict."""
     import mrl.repro.common as common
 
     calls = []
@@ -143,7 +144,8 @@ def test_train_bfcl_summary_pairs_rl_with_its_start_and_sft_alone(tmp_path, monk
     assert all(line.endswith("| NOT RESOLVED |") and "+0.100 [+0.000," in line for line in alone[:2])
     assert alone[2].endswith("| HELD |")  # both seeds: Binomial(40, 0.1) is 0 with chance 0.015 < 0.025
     assert "1 seed x 20 records; this difference needs ~1.6x" in alone[0]  # (0.125 / 0.1)^2
-    assert "**Verdict: HELD.** RL over its start, per seed: seed 0 HELD; seed 1 HELD." in summary
+    assert "**Verdict: HELD.** RL over its start, per seed: seed 0 HELD; seed 1 HELD. RL over SFT alone for the " \
+           "same training time, per seed: seed 0 HELD (+0.200 [+0.050, +0.400]); seed 1 HELD (+0.200" in summary
     assert "| 0 | sft | 10 | 0.300 | 1.000 | 0.300 | 1.000 | 100 |" in summary  # the start, after 100 s of SFT
     assert "| 0 | rl | 40 | 0.600 | 1.000 | 0.600 | 1.000 | 1200 |" in summary
 
