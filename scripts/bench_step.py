@@ -4,9 +4,11 @@
 
 The step is issue 45's (`make train-bfcl`'s RL setting as of 8b63511): SmolLM2-135M-Instruct, BFCL
 simple_python's train prompts with their own functions as tools (chat template), GDPO, 4 prompts x 6 rollouts,
-64 new tokens, micro-batches of 12, fp32 on a CPU.  It starts from the instruct model itself, not from the
-15-step SFT start `make train-bfcl` trained first (none is kept: building one costs ~6 minutes), so fewer of its
-rollouts end before the 64-token limit.
+64 new tokens, micro-batches of 12, fp32 on a CPU.  Every arm starts from the same warm start (`--start sft`, the
+default): `make train-bfcl`'s SFT stage (its SFT settings, seed 0, 10 steps), exported as a model dir to
+outputs/bench/sft-start, built on first use (~3 min on quiet cores) and reused while there.  From there the groups
+are live and rollouts end before the 64-token limit, as in the RL stage the step is taken from; `--start instruct`
+starts from the instruct model itself, whose rollouts mostly run to the limit.
 
 Arms, each in its own process, taking turns one step each (the order rotating every step), pinned to the same
 cores with `--threads` torch threads (scripts/bench.py's machinery): `mrl` (this tree), `base` (the same script
@@ -45,14 +47,39 @@ TRAIN_BFCL = ("model=smollm2_local", "rewards=bfcl", "algo=gdpo", f"trainer.prom
               "trainer.device=cpu")
 
 
-def bfcl_config(steps: int):
+SFT_START = ROOT / "outputs" / "bench" / "sft-start"
+
+
+def bfcl_config(steps: int, model: Path | None = None):
     from hydra import compose, initialize_config_dir
 
     import mrl.core.config  # noqa: F401  registers the schemas
     from mrl.core.config import CONF_DIR
 
+    start = [f"model.name_or_path={model}"] if model else []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=[*TRAIN_BFCL, f"trainer.max_steps={steps}", f"trainer.save_every={steps}"])
+        return compose("train", overrides=[*TRAIN_BFCL, *start, f"trainer.max_steps={steps}",
+                                           f"trainer.save_every={steps}"])
+
+
+def sft_start(path: Path = SFT_START) -> Path:
+    """`make train-bfcl`'s SFT start as a model dir at `path`: its SFT stage (mrl.repro.train_bfcl's settings, seed
+    0) with one held-out record instead of 78 x 5 episodes (the evaluation changes no weight), then `mrl export`.
+    Built once; reused while `path`/config.json is there."""
+    import subprocess
+
+    from mrl.repro import train_bfcl
+
+    if (path / "config.json").exists():
+        return path
+    run_dir = path.with_name(path.name + "-run")
+    shared = [a for a in train_bfcl.SHARED if not a.startswith(("trainer.eval_prompts=", "trainer.eval_samples="))]
+    sft = ["sft", *shared, *train_bfcl.SFT, f"sft.steps={train_bfcl.SFT_STEPS}", "trainer.seed=0",
+           "trainer.eval_prompts=1", "trainer.eval_samples=0", f"hydra.run.dir={run_dir}"]
+    for args in (sft, ["export", str(run_dir), "--out", str(path)]):
+        print("$ mrl " + " ".join(args), flush=True)
+        subprocess.run([sys.executable, "-m", "mrl.cli", *args], cwd=ROOT, check=True)
+    return path
 
 
 class StepHooks(Hooks):
@@ -87,7 +114,7 @@ def unique_tokens(rollouts) -> int:
     return int((distinct != 0).sum() + rollouts.completion_attention.sum())
 
 
-def run_mrl_arm(steps: int, hooks: StepHooks) -> None:
+def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
     """mrl's `train` (this tree's, or `--base`'s: whichever `mrl` imports), every id its embedding reads counted."""
     phase = {"name": "rollout"}
 
@@ -114,11 +141,11 @@ def run_mrl_arm(steps: int, hooks: StepHooks) -> None:
                                     **hooks.weights)
         return counted
 
-    bench.mrl_config = lambda shape, n, engine="auto": bfcl_config(n)
+    bench.mrl_config = lambda shape, n, engine="auto": bfcl_config(n, model)
     bench.run_mrl(bench.SHAPES["smollm2"], steps, hooks, phases=phases)
 
 
-def run_trl_arm(steps: int, hooks: StepHooks) -> None:
+def run_trl_arm(steps: int, hooks: StepHooks, model_dir: Path | None) -> None:
     """TRL's GRPOTrainer on the prompts mrl's first `steps` steps draw, rendered as mrl renders them (text)."""
     import torch
     from datasets import Dataset
@@ -129,7 +156,7 @@ def run_trl_arm(steps: int, hooks: StepHooks) -> None:
     from mrl.modeling.models import load_tokenizer, quiet_transformers, resolve_model_path
 
     quiet_transformers()
-    cfg = bfcl_config(steps)
+    cfg = bfcl_config(steps, model_dir)
     path = resolve_model_path(cfg.model)
     tokenizer = load_tokenizer(path)
     task = build_task(cfg)
@@ -174,12 +201,12 @@ def run_trl_arm(steps: int, hooks: StepHooks) -> None:
     trainer.train()
 
 
-def worker(arm: str, steps: int, threads: int) -> None:
+def worker(arm: str, steps: int, threads: int, model: Path | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
     hooks = StepHooks(steps)
-    (run_trl_arm if arm == "trl" else run_mrl_arm)(steps, hooks)
+    (run_trl_arm if arm == "trl" else run_mrl_arm)(steps, hooks, model)
 
 
 def matmul_peak(threads: int, n: int = 1024, tries: int = 30) -> float:
@@ -200,7 +227,7 @@ def matmul_peak(threads: int, n: int = 1024, tries: int = 30) -> float:
 class Worker(bench.Worker):
     """bench.Worker running this script, `--base`'s checkout first on the path for the base arm."""
 
-    def __init__(self, arm: str, steps: int, threads: int, log: Path, base: Path):
+    def __init__(self, arm: str, steps: int, threads: int, log: Path, base: Path, model: Path | None):
         import subprocess
 
         self.framework, self.log = arm, log
@@ -209,8 +236,9 @@ class Worker(bench.Worker):
         if arm == "base":
             env["PYTHONPATH"] = os.pathsep.join([str(base), env["PYTHONPATH"]])
         cores = worker_cores(threads)
+        start = ["--model", str(model)] if model else []
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker", arm, "--steps", str(steps), "--threads",
-                                      str(threads)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      str(threads), *start], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True, env=env,
                                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
@@ -256,10 +284,14 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {','.join(ARMS)}")
     parser.add_argument("--base", type=Path, default=Path("/tmp/base45"),
                         help="a checkout of the commit to compare with (git worktree add /tmp/base45 8b63511)")
+    parser.add_argument("--start", choices=("sft", "instruct"), default="sft",
+                        help="sft: make train-bfcl's SFT start (built once into outputs/bench/sft-start); instruct: "
+                             "the instruct model itself")
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)  # the worker's start: a model dir
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.steps, args.threads)
+        return worker(args.worker, args.steps, args.threads, args.model)
     arms = [a for a in args.arms.split(",") if a]
     if "base" in arms and not (args.base / "mrl").is_dir():
         raise SystemExit(f"--base {args.base}: no checkout there; git worktree add {args.base} 8b63511")
@@ -267,10 +299,12 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"load average before: {load_average()} ({os.cpu_count()} cores), {args.threads} thread(s) per arm on "
           f"core(s) {sorted(worker_cores(args.threads))}", flush=True)
+    model = sft_start() if args.start == "sft" else None
+    print(f"start: {model or 'the instruct model'}", flush=True)
     os.sched_setaffinity(0, worker_cores(args.threads))
     peaks = [matmul_peak(args.threads)]
     total = args.steps + args.warmup
-    workers = {arm: Worker(arm, total, args.threads, logs / f"step-{arm}.log", args.base) for arm in arms}
+    workers = {arm: Worker(arm, total, args.threads, logs / f"step-{arm}.log", args.base, model) for arm in arms}
     got: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     try:
         for step in range(1, total + 1):
@@ -290,7 +324,8 @@ def main() -> None:
     rows = {arm: summary(got[arm], peak) for arm in arms}
     print(f"load average after: {load_average()}; matmul peak before / after: {peaks[0]:.1f} / {peaks[1]:.1f}")
     print(table(rows, peak))
-    (logs / "bench_step.json").write_text(json.dumps({"peak_gflops": peaks, "rows": rows, "raw": got}, indent=1))
+    (logs / "bench_step.json").write_text(json.dumps({"start": str(model or "instruct"), "peak_gflops": peaks,
+                                                      "rows": rows, "raw": got}, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ stops computing finished rows and still draws every row's tokens."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import algo_settings, compose_config
@@ -165,3 +167,34 @@ def test_bench_step_times_the_step_issue_45_measured():
     cfg = bench_step.bfcl_config(2)
     assert (cfg.trainer.prompts_per_step, cfg.trainer.group_size, cfg.trainer.max_new_tokens,
             cfg.trainer.micro_batch_size, cfg.trainer.eval_every) == (4, 6, 64, 12, 0)
+    start = bench_step.bfcl_config(2, Path("/somewhere/sft-start"))
+    assert start.model.name_or_path == "/somewhere/sft-start" and start.trainer.group_size == 6
+
+
+def test_bench_step_starts_where_train_bfcl_rl_starts(tmp_path, monkeypatch):
+    """The warm start is train-bfcl's SFT stage (its settings, seed 0, its step count) with a one-record evaluation,
+    exported as a model dir; built once, then reused."""
+    import subprocess
+
+    from test_bench import load
+
+    from mrl.repro import train_bfcl
+
+    bench_step, calls = load("bench_step"), []
+
+    def fake_run(argv, cwd, check):
+        calls.append(argv[3:])
+        if argv[3] == "export":
+            (tmp_path / "start").mkdir()
+            (tmp_path / "start" / "config.json").write_text("{}")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert bench_step.sft_start(tmp_path / "start") == tmp_path / "start"
+    sft, export = calls
+    assert sft[0] == "sft" and f"sft.steps={train_bfcl.SFT_STEPS}" in sft and "trainer.seed=0" in sft
+    assert set(train_bfcl.SFT) <= set(sft) and "model=smollm2_local" in sft and "rewards=bfcl" in sft
+    assert [a for a in sft if a.startswith("trainer.eval_")] == ["trainer.eval_at_start=false",
+                                                                 "trainer.eval_prompts=1", "trainer.eval_samples=0"]
+    assert export == ["export", str(tmp_path / "start-run"), "--out", str(tmp_path / "start")]
+    bench_step.sft_start(tmp_path / "start")
+    assert len(calls) == 2  # reused
