@@ -84,11 +84,21 @@ def mrl_overrides(shape: Shape, steps: int, engine: str = "auto") -> list[str]:
             "trainer.top_k=0", "algo.kl_coef=0.0", "algo.entropy_coef=0.0"]
 
 
+def own_module(name: str):
+    """mrl's module `name` as this tree names it (`mrl.train.loop`), or, where the mrl imported is a checkout from
+    before the packages by layer (bench_step's base arm, 8b63511), by its flat name then (`mrl.loop`)."""
+    import importlib
+
+    import mrl
+
+    layered = (Path(mrl.__file__).parent / "train").is_dir()
+    return importlib.import_module(name if layered else "mrl." + name.rsplit(".", 1)[1])
+
+
 def mrl_config(shape: Shape, steps: int, engine: str = "auto"):
     from hydra import compose, initialize_config_dir
 
-    import mrl.core.config  # noqa: F401  registers the schemas
-    from mrl.core.config import CONF_DIR
+    CONF_DIR = own_module("mrl.core.config").CONF_DIR  # importing it registers the schemas
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=mrl_overrides(shape, steps, engine))
@@ -196,12 +206,11 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
     functions (bench_memory).
 
     A step runs from the end of one `MetricsFile.log` to the end of the next: everything `train` does per step."""
-    import mrl.train.loop
-
+    loop = own_module("mrl.train.loop")
     cfg = mrl_config(shape, steps, engine)
     n = shape.prompts * shape.group
 
-    class SyncedMetrics(mrl.train.loop.MetricsFile):
+    class SyncedMetrics(loop.MetricsFile):
         # Built once the models are loaded, just before step 1.
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -215,13 +224,13 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
                 hooks.finish()
             hooks.before_step(step + 1)
 
-    mrl.train.loop.MetricsFile = SyncedMetrics
-    mrl.train.loop.collect = hooks.timed_rollout(mrl.train.loop.collect)
+    loop.MetricsFile = SyncedMetrics
+    loop.collect = hooks.timed_rollout(loop.collect)
     if phases is not None:
         for name in ("collect", "score", "update"):
-            setattr(mrl.train.loop, name, phases(name, getattr(mrl.train.loop, name)))
+            setattr(loop, name, phases(name, getattr(loop, name)))
     run_dir = Path(tempfile.mkdtemp(prefix=f"mrl-bench-{shape.name}-"))
-    mrl.train.loop.train(cfg, run_dir)
+    loop.train(cfg, run_dir)
 
 
 def build_trl(shape: Shape, steps: int, callbacks: list) -> Any:

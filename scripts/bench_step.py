@@ -53,9 +53,7 @@ SFT_START = ROOT / "outputs" / "bench" / "sft-start"
 def bfcl_config(steps: int, model: Path | None = None):
     from hydra import compose, initialize_config_dir
 
-    import mrl.core.config  # noqa: F401  registers the schemas
-    from mrl.core.config import CONF_DIR
-
+    CONF_DIR = bench.own_module("mrl.core.config").CONF_DIR  # importing it registers the schemas
     start = [f"model.name_or_path={model}"] if model else []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=[*TRAIN_BFCL, *start, f"trainer.max_steps={steps}",
