@@ -110,3 +110,20 @@ def test_both_trainers_are_pinned_to_the_same_last_cores():
     mine = sorted(os.sched_getaffinity(0))
     assert bench.worker_cores(1) == {mine[-1]}
     assert bench.worker_cores(len(mine) + 5) == set(mine)
+
+
+def test_the_base_arm_imports_an_earlier_checkouts_flat_names(tmp_path, monkeypatch):
+    """bench_step's base arm runs a checkout from before the packages by layer (8b63511: mrl/loop.py, no
+    mrl/train/): the scripts then import each module by its flat name."""
+    import importlib
+
+    import mrl
+
+    bench = load("bench")
+    assert bench.own_module("mrl.train.loop").__name__ == "mrl.train.loop"
+    imported = []
+    monkeypatch.setattr(mrl, "__file__", str(tmp_path / "mrl" / "__init__.py"))  # a checkout without mrl/train/
+    monkeypatch.setattr(importlib, "import_module", lambda name: imported.append(name))
+    bench.own_module("mrl.train.loop")
+    bench.own_module("mrl.core.config")
+    assert imported == ["mrl.loop", "mrl.config"]
