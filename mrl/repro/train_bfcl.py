@@ -167,7 +167,9 @@ def summarize(root: Path, seed_list: list[int], extra: dict[int, int], seconds: 
     rows = gain_rows(root, seed_list)
     numbers += "\n\n" + markdown_table(["mean@k", "seeds", "ours", "theirs", *COLUMNS], rows)
     numbers += "".join(f"\n\n![seed {seed}](seed{seed}.png)" for seed in seed_list)
-    per_seed = lambda stage: [r for r in rows if r[0] == f"{CHANNELS[0][1]}: {stage}" and "," not in r[1]]  # noqa: E731
+    def per_seed(comparison: str) -> list[list[str]]:  # the claim's channel, one row a seed
+        return [r for r in rows if r[0] == f"{CHANNELS[0][1]}: {comparison}" and "," not in r[1]]
+
     gains, over_alone = per_seed(STAGES[0][2]), per_seed(STAGES[2][2])
     write_summary(
         NAME,
