@@ -12,7 +12,7 @@ from test_protocols import chat_dirs, rollout, tok  # noqa: F401  the chat-model
 from mrl.chat.protocols import ChatProtocol
 from mrl.core.config import UserError
 from mrl.core.episode import Episode, Prompt, ToolCall
-from mrl.envs.bfcl import BfclTask, Correctness, Format, NoCall, RightFunctions, held_out
+from mrl.envs.bfcl import BfclTask, Correctness, Format, GradedCorrectness, NoCall, RightFunctions, held_out
 from mrl.envs.bfcl import files as bfcl_data
 from mrl.envs.bfcl import grader as bfcl
 from mrl.envs.task import build_task, episode_protocol
@@ -124,6 +124,40 @@ def test_channels_on_hand_made_episodes():
     assert tuple(c(episode(irrelevant, bmi)) for c in channels) == (None, 0.0, None, -1.0)
     garbled = ToolCall("", {}, "error: not JSON", valid=False)
     assert tuple(c(episode(irrelevant, garbled)) for c in channels) == (None, 1.0, None, 0.0)
+
+
+def test_graded_correctness_credits_names_parameters_and_values_as_toolrl():
+    """ToolRL's 6 * (name Jaccard + per matched call (key Jaccard + values right)) / S_max - 3, worked by hand."""
+    entry = next(e for e in bfcl.load_entries("parallel") if e["id"] == "parallel_0")
+    prompt = BfclTask(["parallel"]).to_prompt(entry)  # spotify.play twice: S_max = 1 + 2 calls + 4 keys = 7
+    swift, maroon = ToolCall("spotify.play", {"artist": "Taylor Swift", "duration": 20}), \
+        ToolCall("spotify.play", {"artist": "Maroon 5", "duration": 15})
+
+    def graded(*calls: ToolCall) -> float | None:
+        return GradedCorrectness()(episode(prompt, *calls))
+
+    assert graded(maroon, swift) == graded(swift, maroon) == 3.0  # matched one to one, any order
+    assert graded(swift) == graded(maroon) == pytest.approx(6 * (1 + 1 + 2) / 7 - 3)  # one call missing: the
+    # other matched to the answer it fits, not to the first of the ground truth
+    assert graded(swift, ToolCall("spotify.play", {"artist": "Maroon 5", "duration": "15"})) == \
+        pytest.approx(6 * (1 + 2 + 3) / 7 - 3)  # one value of the wrong type
+    assert graded(swift, maroon, ToolCall("play_song", {"artist": "Maroon 5"})) == \
+        pytest.approx(6 * (1 / 2 + 2 + 4) / 7 - 3)  # a function nobody asked for: names 1 of 2
+    assert graded(ToolCall("spotify.play", {**swift.arguments, "volume": 3}), maroon) == \
+        pytest.approx(6 * (1 + 2 / 3 + 1 + 4) / 7 - 3)  # an extra key: key Jaccard 2/3
+    assert graded(ToolCall("spotify.play", {"artist": "Maroon 5", "duration": 20})) == \
+        pytest.approx(6 * (1 + 1 + 1) / 7 - 3)  # half right for either call: one of them credited
+    assert graded() == graded(ToolCall("", {}, "error: not JSON", valid=False)) == -3.0
+    assert graded(ToolCall("calculate_triangle_area", {"base": 10, "height": 5})) == -3.0  # another function
+    triangle = BfclTask(["simple_python"]).to_prompt(bfcl.load_entries("simple_python")[0])  # unit may be left out
+    area = {"base": 10, "height": 5}
+    assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", area))) == 3.0
+    assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", {**area, "unit": "units"}))) \
+        == 3.0  # an optional key given right counts as one of the answer's
+    assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", {**area, "unit": "cm"}))) == \
+        pytest.approx(6 * (1 + 1 + 2) / 5 - 3)  # given wrong: S_max 5, its value not right
+    irrelevant = BfclTask(["irrelevance"]).to_prompt(bfcl.load_entries("irrelevance")[0])
+    assert GradedCorrectness()(episode(irrelevant)) is None  # no_call grades those
 
 
 def test_a_models_calls_to_the_records_tools_are_read_and_graded(tok):  # noqa: F811

@@ -47,9 +47,16 @@ def test_no_environment_is_split_across_folders():
 
     from mrl.core.config import CONF_DIR
 
-    variants = {"agent_triple_binding": "agent_triple"}  # agent_triple with an uncomputable share
-    for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
+    variants = {"agent_triple_binding": "agent_triple",  # agent_triple with an uncomputable share
+                "bfcl_paper": "bfcl"}  # bfcl with the GDPO paper's channels
+
+    def load(path):  # a preset over the presets its defaults name
         preset = OmegaConf.load(path)
+        bases = [d for d in preset.get("defaults", []) if d not in ("rewards_schema", "_self_")]
+        return OmegaConf.merge(*(load(path.parent / f"{base}.yaml") for base in bases), preset)
+
+    for path in sorted((CONF_DIR / "rewards").glob("*.yaml")):
+        preset = load(path)
         targets = [preset.task._target_] + [c.fn._target_ for c in preset.channels.values()]
         homes = {".".join(t.split(".")[:3]) for t in targets}
         assert homes <= {f"mrl.envs.{variants.get(path.stem, path.stem)}", "mrl.envs.code"}, (path.name, homes)

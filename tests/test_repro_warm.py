@@ -5,6 +5,7 @@ CPU and GPU scale without running one."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -238,10 +239,17 @@ def test_paper_bfcl_judges_the_greedy_episodes_when_no_samples_are_drawn(reports
 
     finals = {"grpo": [bfcl_eval(a, f) for a, f in ((0.2, 0.7), (0.3, 0.8), (0.4, 0.9))],
               "gdpo": [bfcl_eval(a, f) for a, f in ((0.5, 0.8), (0.6, 0.9), (0.7, 1.0))]}
-    monkeypatch.setattr(warm, "mrl", FakeMrl(finals, bfcl_eval(0.35, 0.85)))
+    fake, threads = FakeMrl(finals, bfcl_eval(0.35, 0.85)), []
+    monkeypatch.setattr(warm, "mrl", lambda args: (threads.append(os.environ.get("OMP_NUM_THREADS")), fake(args)))
     monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)
     monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "unset")
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setenv("JOBS", "2")  # the two arms' multiruns side by side, a core each
     paper_bfcl.main()
+    assert sorted(Path(arg(a, "hydra.sweep.dir")).name for a in fake.calls[1:]) == ["arms_gdpo", "arms_grpo"]
+    assert [arg(a, "algo") for a in fake.calls[1:]] in (["grpo", "gdpo"], ["gdpo", "grpo"]) and threads[1:] == ["1"] * 2
     summary = (reports / "paper" / "bfcl" / "summary.md").read_text()
     assert "| held-out accuracy (BFCL's verdict): accuracy | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD (0.163) " \
            "| +0.300 [+0." in summary
@@ -348,7 +356,8 @@ def test_every_command_of_the_plan_composes(target, scale, monkeypatch):
                 assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the curve ends on the last step
     assert len(sizes) == 1
     if target == "paper_bfcl":
-        assert jobs == 6 and list(cfg.rewards.channels) == ["format", "correctness"]
+        assert jobs == 6 and list(cfg.rewards.channels) == ["format", "correctness", "graded_correctness"]
+        assert [cfg.rewards.channels[c].weight for c in cfg.rewards.channels] == [1.0, 0.0, 1.0]  # the paper's sum
         assert list(cfg.rewards.task.categories) == ["simple_python", "multiple", "parallel"]
     else:
         assert jobs == 21

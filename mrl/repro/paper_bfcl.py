@@ -1,15 +1,17 @@
 """repro-paper's BFCL setting: the GDPO paper's tool-calling comparison (arXiv 2601.05242, Table 1) on the benchmark
 it names, from one warm start shared by every arm.
 
-The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, format (the answer is well-formed calls of
-declared functions: 1/0) and correctness, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format
-76.3% -> 80.7%).  Here: `rewards=bfcl` on the train split of simple_python, multiple and parallel, with only those
-two channels (right_functions and no_call dropped), from one `mrl sft` checkpoint (SmolLM2 makes no right call
-before it, so every group would be dead), grpo and gdpo x 3 seeds at the same steps, prompts and group size; every
-one of the 170 held-out records, at both scales, scored greedy and k times sampled (mean@k; k = 0 at SCALE=cpu: greedy
-only) at the start (the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims
-are judged on mean@k (greedy where k = 0), paired by seed and record (mrl.repro.paired), with the unpaired 2-SE
-verdict on the seed means beside it.
+The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, after ToolRL: format (the answer is well-formed
+calls of declared functions: 1/0) and a graded correctness in [-3, 3] (right functions, parameter names and values),
+summed at equal weights, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format 76.3% -> 80.7%).
+Here: one `mrl sft` checkpoint on the train split of simple_python, multiple and parallel (`rewards=bfcl`; SmolLM2
+makes no right call before it, so every group would be dead), then grpo and gdpo x 3 seeds from it at the same steps,
+prompts and group size on those two channels (`rewards=bfcl_paper`: format and ToolRL's graded correctness, BFCL's own
+verdict scored as the pass channel at weight 0; right_functions and no_call dropped); every one of the 170 held-out
+records, at both scales, scored greedy and k times sampled (mean@k; k = 0 at SCALE=cpu: greedy only) at the start
+(the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims (BFCL's verdict and
+format) are judged on mean@k (greedy where k = 0), paired by seed and record (mrl.repro.paired), with the unpaired
+2-SE verdict on the seed means beside it.  Each arm is its own multirun: `JOBS=2` runs the two side by side.
 gdpo_conditioned does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
@@ -30,15 +32,17 @@ CATEGORIES = ("simple_python", "multiple", "parallel")
 ARMS = ("grpo", "gdpo")
 SEEDS = "0,1,2"
 HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
-TASK = ["rewards=bfcl", f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
+TASK = [f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
+WARM_REWARDS = "rewards=bfcl"  # SFT reads no reward; its evaluation scores format and BFCL's verdict
+ARM_REWARDS = "rewards=bfcl_paper"  # the paper's two channels: format and ToolRL's graded correctness
 CLAIMS = (("correctness", "held-out accuracy (BFCL's verdict)"), ("format", "format"))
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
     "cpu": (["model=smollm2_local"], 0,
             ["sft.steps=6", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
-            ["trainer.max_steps=10", "trainer.eval_every=10", "trainer.prompts_per_step=2", "trainer.group_size=6",
+            ["trainer.max_steps=20", "trainer.eval_every=20", "trainer.prompts_per_step=2", "trainer.group_size=6",
              "trainer.micro_batch_size=6", "trainer.lr=1e-5", "trainer.temperature=1.0"]),
     "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
@@ -57,12 +61,12 @@ def plan(at: str | None = None) -> warm.Plan:
     model, per_category, sft, rl = SIZES[at]
     model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
     prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
-    shared = [*model, *TASK, f"rewards.task.eval_per_category={per_category}",
+    shared = [*TASK, f"rewards.task.eval_per_category={per_category}",
               f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}",
               f"trainer.eval_samples={SAMPLES[at]}"]
-    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*shared, *sft, "trainer.seed=0"),
-                     train=(*shared, *rl, "trainer.eval_at_start=false"),
-                     sweeps=(warm.Sweep("arms", (f"algo={','.join(ARMS)}", f"trainer.seed={SEEDS}")),),
+    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*model, WARM_REWARDS, *shared, *sft, "trainer.seed=0"),
+                     train=(*model, ARM_REWARDS, *shared, *rl, "trainer.eval_at_start=false"),
+                     sweeps=tuple(warm.Sweep(f"arms_{arm}", (f"algo={arm}", f"trainer.seed={SEEDS}")) for arm in ARMS),
                      thinking=warm.has_thinking(model), eval_prompts=prompts)
 
 

@@ -17,12 +17,11 @@ import json
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from mrl.repro import warm
-from mrl.repro.common import REPORTS, markdown_table, write_summary
+from mrl.repro.common import REPORTS, markdown_table, side_by_side, write_summary
 from mrl.repro.paired import COLUMNS, RULE, Outcomes, last_outcomes, paired_verdict, record_outcomes, verdict_cells
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.train.evaluate import outcomes_path
@@ -44,11 +43,6 @@ STAGES = (("rl", "start", "RL (GDPO) over its start"), ("sft_more", "start", "SF
 def seeds() -> list[int]:
     """$SEEDS (comma-separated; 0,1 unless set)."""
     return [int(s) for s in os.environ.get("SEEDS", "0,1").split(",")]
-
-
-def jobs() -> int:
-    """$JOBS: how many seeds run side by side (1 unless set), each its own chain of `mrl` processes."""
-    return int(os.environ.get("JOBS", "1"))
 
 
 def stage_args(seed: int, root: Path, extra_sft: int | None = None) -> dict[str, list[str]]:
@@ -144,10 +138,7 @@ def sft_alone(seed: int, root: Path) -> int:
 
 def run_seeds(seed_list: list[int], root: Path) -> dict[int, int]:
     """Every seed's stages, $JOBS seeds at a time -> {seed: its extra SFT steps}."""
-    if jobs() > 1:  # a torch thread waiting on a core another seed holds stalls at every op (measured: 4x slower)
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs())))
-    with ThreadPoolExecutor(max_workers=jobs()) as pool:
-        return dict(zip(seed_list, pool.map(lambda seed: run_seed(seed, root), seed_list)))
+    return dict(zip(seed_list, side_by_side(lambda seed: run_seed(seed, root), seed_list)))
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mrl.core.config import CONF_DIR, UserError
-from mrl.repro.common import Run, mean_se, read_runs, write_csv
+from mrl.repro.common import Run, mean_se, read_runs, side_by_side, write_csv
 from mrl.repro.plots import pyplot, save_curves
 from mrl.runs.report import find_runs, write_html_report
 from mrl.runs.rundir import CHECKPOINTS, LINEAGE_FILE, intact_checkpoint
@@ -176,13 +176,13 @@ def provenance(runs: list[Run], policy_sha256: str, thinking: dict[str, dict[boo
 
 
 def run_sweeps(plan: Plan, keep_checkpoints: bool) -> list[Run]:
-    """Every sweep of the plan from its warm start, in order; their runs (a sweep's old dir is replaced).  The
-    arms' final checkpoints are deleted once read unless kept (the thinking holdouts score them)."""
-    runs = []
+    """Every sweep of the plan from its warm start, $JOBS side by side (common.side_by_side); their runs, in the
+    plan's order (a sweep's old dir is replaced).  The arms' final checkpoints are deleted once read unless kept (the
+    thinking holdouts score them)."""
     for sweep in plan.sweeps:
         shutil.rmtree(plan.root / sweep.name, ignore_errors=True)
-        mrl(plan.sweep_args(sweep))
-        runs += read_runs(plan.root / sweep.name)
+    side_by_side(lambda sweep: mrl(plan.sweep_args(sweep)), plan.sweeps)
+    runs = [run for sweep in plan.sweeps for run in read_runs(plan.root / sweep.name)]
     if not keep_checkpoints:
         for run in runs:
             shutil.rmtree(run.path / CHECKPOINTS, ignore_errors=True)

@@ -317,8 +317,8 @@ def configured_channels(rewards: Any, algo: Any) -> tuple[dict[str, Any], list[s
             parts = [f"weights for {', '.join(extra)}, which rewards={rewards.name} does not have"] if extra else []
             parts += [f"no weight for {', '.join(missing)}"] if missing else []  # joined with ", and "
             raise UserError(
-                f"algo.weights has channels {sorted(weights)} but rewards={rewards.name} has {sorted(names)} "
-                f"(algo={algo.name} gives {', and '.join(parts)}); give one weight per channel, e.g. "
+                f"algo.weights does not fit rewards={rewards.name}: algo={algo.name} gives {', and '.join(parts)}; "
+                "give one weight per channel, e.g. "
                 f"algo.weights={{{','.join(f'{n}:1' for n in names)}}}, or use a preset without weights (algo=grpo)")
         for name, weight in weights.items():
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):

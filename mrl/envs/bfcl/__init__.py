@@ -11,7 +11,8 @@ The held-out split is fixed by record id (crc32 of the id, so the same records w
 chosen or the package's record order): about `eval_percent`% of each category is never trained on.
 
 Channels: format (well-formed calls of declared functions), correctness (BFCL's own verdict), right_functions
-(shaping) and, on irrelevance records, a constraint against calling anything (no_call).
+(shaping) and, on irrelevance records, a constraint against calling anything (no_call); not in the preset,
+GradedCorrectness (ToolRL's graded correctness, the GDPO paper's tool-calling reward: repro-paper adds it).
 """
 
 from __future__ import annotations
@@ -242,3 +243,19 @@ class RightFunctions:
             return None
         wanted = sorted(name for answer in episode.prompt.meta["ground_truth"] for name in answer)
         return float(sorted(name for name, _ in episode_calls(episode)) == wanted)
+
+
+class GradedCorrectness:
+    """ToolRL's correctness reward, in [-3, 3] (grader.toolrl_score): credit for the right functions, the right
+    parameter names and each value BFCL accepts, where `correctness` pays only a whole right answer.  The reward the
+    GDPO paper's tool-calling setting trains on beside a 1/0 format reward, so its scale is six times format's: the
+    setting where GRPO's summed normalization and GDPO's per-channel one differ.  Abstains on irrelevance records.
+
+    Ground truth spotify.play(artist="Taylor Swift", duration=20): that call -> 3.0; no call -> -3.0; the right
+    function with the duration wrong -> 1.5 (6 * 3/4 - 3).
+    """
+
+    def __call__(self, episode: Episode) -> float | None:
+        if _irrelevant(episode):
+            return None
+        return grader.toolrl_score(episode.prompt.meta, episode_calls(episode))

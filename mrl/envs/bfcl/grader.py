@@ -271,3 +271,68 @@ def gold_calls(entry: dict) -> list[Call]:
 
     return [(name, {arg: first(allowed) for arg, allowed in args.items() if first(allowed) != ""})
             for answer in entry["ground_truth"] for name, args in answer.items()]
+
+
+# ------------------------------------------------------------------------------------- graded credit (ToolRL)
+TOOLRL_RANGE = 3.0  # ToolRL's correctness reward lies in [-3, 3]
+
+
+def _argument_fits(doc: dict, param: str, value, allowed: list) -> bool:
+    schema = doc["parameters"].get("properties", {}).get(param)
+    return schema is not None and _argument_error(value, schema, allowed) is None
+
+
+def _pair_credit(entry: dict, call: Call, answer: dict) -> tuple[float, int]:
+    """(parameter-name Jaccard + arguments whose value BFCL accepts, the answer's keys) of one call against one
+    ground-truth call.  The answer's keys: its required ones (no "" allowed) and the optional ones the call gives."""
+    (name, allowed), = answer.items()
+    arguments = call[1] if type(call[1]) is dict else {}
+    wanted = {param for param, choices in allowed.items() if "" not in choices or param in arguments}
+    if call[0] != name:
+        return 0.0, len(wanted)  # another function's parameters are not this one's
+    union = wanted | set(arguments)
+    names = len(wanted & set(arguments)) / len(union) if union else 1.0
+    doc = _doc(entry, name)
+    values = sum(_argument_fits(doc, param, arguments[param], allowed[param]) for param in wanted & set(arguments))
+    return names + values, len(wanted)
+
+
+def toolrl_score(entry: dict, calls: list[Call]) -> float:
+    """ToolRL's correctness reward (Qian et al. 2025, arXiv 2504.13958; the GDPO paper's tool-calling setting trains on
+    it beside format) on BFCL's ground truth, in [-3, 3]:
+    6 * (name Jaccard + sum over ground-truth calls of (parameter-name Jaccard + values right)) / S_max - 3, with
+    S_max = 1 + (ground-truth calls) + (their keys); each ground-truth call is credited through the call of the same
+    function matched to it, one to one, the matching that credits most.  A value is right when BFCL's own argument
+    check accepts it (types and allowed values, as `grade`).
+
+    >>> entry = {"function": [{"name": "area", "parameters": {"properties": {"base": {"type": "integer"},
+    ...     "height": {"type": "integer"}}}}], "ground_truth": [{"area": {"base": [10], "height": [5]}}]}
+    >>> toolrl_score(entry, [("area", {"base": 10, "height": 5})]), toolrl_score(entry, [])
+    (3.0, -3.0)
+    >>> toolrl_score(entry, [("area", {"base": 10, "height": 4})])  # 6 * (1 + 1 + 1) / 4 - 3
+    1.5
+    """
+    answers = entry["ground_truth"]
+    wanted_names = {next(iter(answer)) for answer in answers}
+    made_names = {name for name, _ in calls}
+    names = len(wanted_names & made_names) / len(wanted_names | made_names) if wanted_names | made_names else 1.0
+    credit = [[_pair_credit(entry, call, answer) for call in calls] for answer in answers]  # [answer][call]
+    keys = [_pair_credit(entry, ("", {}), answer)[1] for answer in answers]  # an unmatched answer's keys
+
+    def matchings(answer: int, used: frozenset):
+        """(credit, keys) of every one-to-one matching of answers[answer:] to the calls not in `used`."""
+        if answer == len(answers):
+            yield 0.0, 0
+            return
+        name = next(iter(answers[answer]))
+        options = [(None, (0.0, keys[answer]))] + [(index, got) for index, got in enumerate(credit[answer])
+                                                    if index not in used and calls[index][0] == name]
+        for index, (got, own_keys) in options:
+            for rest, rest_keys in matchings(answer + 1, used if index is None else used | {index}):
+                yield got + rest, own_keys + rest_keys
+
+    def score(matching: tuple[float, int]) -> float:
+        matched, answer_keys = matching
+        return 2 * TOOLRL_RANGE * (names + matched) / (1 + len(answers) + answer_keys) - TOOLRL_RANGE
+
+    return max(score(m) for m in matchings(0, frozenset()))
