@@ -64,9 +64,7 @@ def sft_start(path: Path = SFT_START) -> Path:
     """`make train-bfcl`'s SFT start as a model dir at `path`: its SFT stage (mrl.repro.train_bfcl's settings, seed
     0) with one held-out record instead of 78 x 5 episodes (the evaluation changes no weight), then `mrl export`.
     Built once; reused while `path`/config.json is there."""
-    import subprocess
-
-    from mrl.repro import train_bfcl
+    from mrl.repro import train_bfcl, warm
 
     if (path / "config.json").exists():
         return path
@@ -75,8 +73,7 @@ def sft_start(path: Path = SFT_START) -> Path:
     sft = ["sft", *shared, *train_bfcl.SFT, f"sft.steps={train_bfcl.SFT_STEPS}", "trainer.seed=0",
            "trainer.eval_prompts=1", "trainer.eval_samples=0", f"hydra.run.dir={run_dir}"]
     for args in (sft, ["export", str(run_dir), "--out", str(path)]):
-        print("$ mrl " + " ".join(args), flush=True)
-        subprocess.run([sys.executable, "-m", "mrl.cli", *args], cwd=ROOT, check=True)
+        warm.mrl(args, cwd=ROOT)
     return path
 
 

@@ -110,9 +110,10 @@ def show(args: list[str]) -> str:
     return "mrl " + " ".join(shlex.quote(a) for a in args)
 
 
-def mrl(args: list[str]) -> None:
+def mrl(args: list[str], cwd: Path | None = None) -> None:
+    """`mrl <args>` in its own process (in `cwd`, default this one's), its command line printed first."""
     print(f"$ {show(args)}", flush=True)
-    subprocess.run([sys.executable, "-m", "mrl.cli", *args], check=True)
+    subprocess.run([sys.executable, "-m", "mrl.cli", *args], cwd=cwd, check=True)
 
 
 # ---- the warm start: made once, reused while intact ------------------------------------------------------------
