@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,12 @@ def test_sft_alone_resumes_the_sft_run_for_more_steps(tmp_path):
     expanded = expand_resume(args["sft_more"][1:])
     assert expanded[-len(args["sft_more"]) + 1:] == args["sft_more"][1:]
     assert f"sft.steps={train_bfcl.SFT_STEPS + 25}" in expanded and "trainer.resume=true" in expanded
+
+
+@pytest.mark.parametrize("value", ["two", "0", "-1", "1.5"])
+def test_jobs_that_is_no_count_stops_in_one_line(value, monkeypatch):
+    from mrl.repro.common import jobs
+
+    monkeypatch.setenv("JOBS", value)
+    with pytest.raises(SystemExit, match=rf"JOBS='{re.escape(value)}': .*a whole number from 1"):
+        jobs()

@@ -49,8 +49,12 @@ Item, Result = TypeVar("Item"), TypeVar("Result")
 
 
 def jobs() -> int:
-    """$JOBS: how many chains of `mrl` processes a target runs side by side (1 unless set)."""
-    return int(os.environ.get("JOBS", "1"))
+    """$JOBS: how many chains of `mrl` processes a target runs side by side (1 unless set); anything but a whole
+    number from 1 stops the target in one line."""
+    value = os.environ.get("JOBS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"JOBS={value!r}: how many jobs run side by side, a whole number from 1 (e.g. JOBS=2)")
+    return int(value)
 
 
 def side_by_side(work: Callable[[Item], Result], items: Sequence[Item]) -> list[Result]:

@@ -302,7 +302,7 @@ def toolrl_score(entry: dict, calls: list[Call]) -> float:
     it beside format) on BFCL's ground truth, in [-3, 3]:
     6 * (name Jaccard + sum over ground-truth calls of (parameter-name Jaccard + values right)) / S_max - 3, with
     S_max = 1 + (ground-truth calls) + (their keys); each ground-truth call is credited through the call of the same
-    function matched to it, one to one, the matching that credits most.  A value is right when BFCL's own argument
+    function matched to it, one to one, by the matching that scores most.  A value is right when BFCL's own argument
     check accepts it (types and allowed values, as `grade`).
 
     >>> entry = {"function": [{"name": "area", "parameters": {"properties": {"base": {"type": "integer"},
