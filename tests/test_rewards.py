@@ -549,7 +549,8 @@ def test_build_weights_mismatch_is_user_error():
     with pytest.raises(UserError) as info:
         build("algo=grpo", "algo.weights={correctness:1}")
     msg = str(info.value)
-    assert "['correctness']" in msg and "['correctness', 'efficiency', 'safety']" in msg
+    assert msg.startswith("algo.weights does not fit rewards=agent_triple: algo=grpo gives no weight for efficiency, "
+                          "safety; give one weight per channel, e.g. algo.weights={correctness:1,efficiency:1,safety:1}")
 
 
 def test_build_enforce_on_reward_kind_is_user_error():
