@@ -40,7 +40,7 @@ CLAIMS = (("correctness", "held-out accuracy (BFCL's verdict)"), ("format", "for
 # scale -> (model, held-out records per category (0: all), SFT, RL); sizes: docs/reproductions.md, "Budgets"
 SIZES = {
     "cpu": (["model=smollm2_local"], 0,
-            ["sft.steps=3", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
+            ["sft.steps=6", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
             ["trainer.max_steps=20", "trainer.eval_every=20", "trainer.prompts_per_step=2", "trainer.group_size=6",
              "trainer.micro_batch_size=6", "trainer.lr=1e-5", "trainer.temperature=1.0"]),
