@@ -127,7 +127,8 @@ def test_channels_on_hand_made_episodes():
 
 
 def test_graded_correctness_credits_names_parameters_and_values_as_toolrl():
-    """ToolRL's 6 * (name Jaccard + per matched call (key Jaccard + values right)) / S_max - 3, worked by hand."""
+    """ToolRL's 6 * (name Jaccard, by count + per matched call (key Jaccard + values right)) / S_max - 3, worked by
+    hand."""
     entry = next(e for e in bfcl.load_entries("parallel") if e["id"] == "parallel_0")
     prompt = BfclTask(["parallel"]).to_prompt(entry)  # spotify.play twice: S_max = 1 + 2 calls + 4 keys = 7
     swift, maroon = ToolCall("spotify.play", {"artist": "Taylor Swift", "duration": 20}), \
@@ -137,27 +138,47 @@ def test_graded_correctness_credits_names_parameters_and_values_as_toolrl():
         return GradedCorrectness()(episode(prompt, *calls))
 
     assert graded(maroon, swift) == graded(swift, maroon) == 3.0  # matched one to one, any order
-    assert graded(swift) == graded(maroon) == pytest.approx(6 * (1 + 1 + 2) / 7 - 3)  # one call missing: the
-    # other matched to the answer it fits, not to the first of the ground truth
+    assert graded(swift) == graded(maroon) == pytest.approx(6 * (1 / 2 + 1 + 2) / 7 - 3)  # one call missing: names
+    # 1 of 2 by count, the other matched to the answer it fits, not to the first of the ground truth
     assert graded(swift, ToolCall("spotify.play", {"artist": "Maroon 5", "duration": "15"})) == \
         pytest.approx(6 * (1 + 2 + 3) / 7 - 3)  # one value of the wrong type
     assert graded(swift, maroon, ToolCall("play_song", {"artist": "Maroon 5"})) == \
-        pytest.approx(6 * (1 / 2 + 2 + 4) / 7 - 3)  # a function nobody asked for: names 1 of 2
+        pytest.approx(6 * (2 / 3 + 2 + 4) / 7 - 3)  # a function nobody asked for: names 2 of 3
+    assert graded(swift, maroon, swift) == pytest.approx(6 * (2 / 3 + 2 + 4) / 7 - 3)  # a call repeated costs too
     assert graded(ToolCall("spotify.play", {**swift.arguments, "volume": 3}), maroon) == \
         pytest.approx(6 * (1 + 2 / 3 + 1 + 4) / 7 - 3)  # an extra key: key Jaccard 2/3
     assert graded(ToolCall("spotify.play", {"artist": "Maroon 5", "duration": 20})) == \
-        pytest.approx(6 * (1 + 1 + 1) / 7 - 3)  # half right for either call: one of them credited
+        pytest.approx(6 * (1 / 2 + 1 + 1) / 7 - 3)  # half right for either call: one of them credited
+    assert graded(ToolCall("spotify.play", ["Taylor Swift", 20])) == pytest.approx(6 * (1 / 2) / 7 - 3)  # no object
     assert graded() == graded(ToolCall("", {}, "error: not JSON", valid=False)) == -3.0
     assert graded(ToolCall("calculate_triangle_area", {"base": 10, "height": 5})) == -3.0  # another function
     triangle = BfclTask(["simple_python"]).to_prompt(bfcl.load_entries("simple_python")[0])  # unit may be left out
-    area = {"base": 10, "height": 5}
-    assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", area))) == 3.0
+    area = {"base": 10, "height": 5}  # S_max = 1 + 1 + 3 keys (base, height, unit)
+    assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", area))) == 3.0  # unit left out
     assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", {**area, "unit": "units"}))) \
-        == 3.0  # an optional key given right counts as one of the answer's
+        == 3.0  # given right
     assert GradedCorrectness()(episode(triangle, ToolCall("calculate_triangle_area", {**area, "unit": "cm"}))) == \
-        pytest.approx(6 * (1 + 1 + 2) / 5 - 3)  # given wrong: S_max 5, its value not right
+        pytest.approx(6 * (1 + 1 + 2) / 5 - 3)  # given wrong: its value not right
     irrelevant = BfclTask(["irrelevance"]).to_prompt(bfcl.load_entries("irrelevance")[0])
     assert GradedCorrectness()(episode(irrelevant)) is None  # no_call grades those
+
+
+def test_the_matching_is_the_best_one_to_one():
+    """The Hungarian solver against every one-to-one matching, on random credit tables with ties and zeros."""
+    import itertools
+    import random
+
+    def brute(credit: list[list[float]]) -> float:
+        rows, columns = range(len(credit)), range(len(credit[0]))
+        return max(sum(credit[r][c] for r, c in zip(chosen, order))
+                   for k in range(len(credit) + 1) for chosen in itertools.combinations(rows, k)
+                   for order in itertools.permutations(columns, k))
+
+    rng = random.Random(0)
+    for _ in range(200):
+        credit = [[rng.choice([0.0, 1.0, rng.random() * 3]) for _ in range(rng.randint(1, 5))]]
+        credit += [[rng.choice([0.0, 1.0, rng.random() * 3]) for _ in credit[0]] for _ in range(rng.randint(0, 3))]
+        assert bfcl._best_matching(credit) == pytest.approx(brute(credit))
 
 
 def test_a_models_calls_to_the_records_tools_are_read_and_graded(tok):  # noqa: F811

@@ -250,6 +250,7 @@ def test_paper_bfcl_judges_the_greedy_episodes_when_no_samples_are_drawn(reports
     paper_bfcl.main()
     assert sorted(Path(arg(a, "hydra.sweep.dir")).name for a in fake.calls[1:]) == ["arms_gdpo", "arms_grpo"]
     assert [arg(a, "algo") for a in fake.calls[1:]] in (["grpo", "gdpo"], ["gdpo", "grpo"]) and threads[1:] == ["1"] * 2
+    assert threads[0] is None and "OMP_NUM_THREADS" not in os.environ  # the warm start, and after: the cores' own
     summary = (reports / "paper" / "bfcl" / "summary.md").read_text()
     assert "| held-out accuracy (BFCL's verdict): accuracy | 0.600 ± 0.058 | 0.300 ± 0.058 | HELD (0.163) " \
            "| +0.300 [+0." in summary

@@ -550,7 +550,8 @@ def test_build_weights_mismatch_is_user_error():
         build("algo=grpo", "algo.weights={correctness:1}")
     msg = str(info.value)
     assert msg.startswith("algo.weights does not fit rewards=agent_triple: algo=grpo gives no weight for efficiency, "
-                          "safety; give one weight per channel, e.g. algo.weights={correctness:1,efficiency:1,safety:1}")
+                          "safety; give one weight per channel, e.g. "
+                          "algo.weights={correctness:1,efficiency:1,safety:1}")
 
 
 def test_build_enforce_on_reward_kind_is_user_error():

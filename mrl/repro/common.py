@@ -52,19 +52,25 @@ def jobs() -> int:
     """$JOBS: how many chains of `mrl` processes a target runs side by side (1 unless set); anything but a whole
     number from 1 stops the target in one line."""
     value = os.environ.get("JOBS", "1")
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or not value.isascii() or int(value) < 1:
         raise SystemExit(f"JOBS={value!r}: how many jobs run side by side, a whole number from 1 (e.g. JOBS=2)")
     return int(value)
 
 
 def side_by_side(work: Callable[[Item], Result], items: Sequence[Item]) -> list[Result]:
     """`work(item)` for every item, $JOBS at a time, in order of `items`.  With more than one at a time the children
-    share the cores as torch threads (OMP_NUM_THREADS, unless set): a torch thread waiting on a core another job
-    holds stalls at every op (measured: 4x slower)."""
-    if jobs() > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs())))
-    with ThreadPoolExecutor(max_workers=jobs()) as pool:
-        return list(pool.map(work, items))
+    started meanwhile share the cores as torch threads (OMP_NUM_THREADS, unless set; unset again after): a torch
+    thread waiting on a core another job holds stalls at every op (measured: 4x slower).  A job that fails stops the
+    target once the jobs beside it have ended, with its own error."""
+    threads = "OMP_NUM_THREADS" not in os.environ and jobs() > 1
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs()))
+    try:
+        with ThreadPoolExecutor(max_workers=jobs()) as pool:
+            return list(pool.map(work, items))
+    finally:
+        if threads:
+            del os.environ["OMP_NUM_THREADS"]
 
 
 def scale_overrides() -> list[str]:

@@ -20,7 +20,9 @@ Deliberate difference: BFCL counts an output that is not a list of `{name: {args
 `(name, arguments)` pair is a call, so an irrelevance entry passes only with no call at all.
 """
 
+import math
 import re
+from collections import Counter
 
 from mrl.core.config import UserError
 from mrl.envs.bfcl.files import INSTALL, data_dir, read_records
@@ -282,28 +284,65 @@ def _argument_fits(doc: dict, param: str, value, allowed: list) -> bool:
     return schema is not None and _argument_error(value, schema, allowed) is None
 
 
-def _pair_credit(entry: dict, call: Call, answer: dict) -> tuple[float, int]:
-    """(parameter-name Jaccard + arguments whose value BFCL accepts, the answer's keys) of one call against one
-    ground-truth call.  The answer's keys: its required ones (no "" allowed) and the optional ones the call gives."""
+def _pair_credit(entry: dict, call: Call, answer: dict) -> float:
+    """Parameter-name Jaccard + the answer's keys whose value BFCL accepts, of one call against one ground-truth call
+    of the same function (0 for another function's call, or arguments that are no JSON object).  An optional key
+    (its allowed values hold "") the call leaves out counts as given and right, as BFCL accepts the omission."""
     (name, allowed), = answer.items()
-    arguments = call[1] if type(call[1]) is dict else {}
-    wanted = {param for param, choices in allowed.items() if "" not in choices or param in arguments}
-    if call[0] != name:
-        return 0.0, len(wanted)  # another function's parameters are not this one's
-    union = wanted | set(arguments)
-    names = len(wanted & set(arguments)) / len(union) if union else 1.0
+    name_of, arguments = call
+    if name_of != name or type(arguments) is not dict:
+        return 0.0
+    omitted = {param for param, choices in allowed.items() if "" in choices and param not in arguments}
+    given = set(arguments) | omitted
+    names = len(given & set(allowed)) / len(given | set(allowed)) if allowed or given else 1.0
     doc = _doc(entry, name)
-    values = sum(_argument_fits(doc, param, arguments[param], allowed[param]) for param in wanted & set(arguments))
-    return names + values, len(wanted)
+    values = len(omitted) + sum(_argument_fits(doc, param, arguments[param], allowed[param])
+                                for param in set(arguments) & set(allowed))
+    return names + values
+
+
+def _best_matching(credit: list[list[float]]) -> float:
+    """The largest total credit of a one-to-one matching of rows to columns of `credit` [rows][columns], every entry
+    >= 0 (a row may stay unmatched: 0).  The Hungarian algorithm with potentials, O(rows^2 * columns): rows are
+    answers, columns calls, a parallel record's 8 answers against a dozen calls at once."""
+    rows = len(credit)
+    columns = len(credit[0]) + rows if rows else 0  # a zero column per row: left unmatched
+    cost = [[-c for c in row] + [0.0] * rows for row in credit]  # [rows][columns], minimized
+    row_potential, column_potential = [0.0] * (rows + 1), [0.0] * (columns + 1)
+    owner, way = [0] * (columns + 1), [0] * (columns + 1)  # owner[j]: the row matched to column j (1-based; 0 none)
+    for row in range(1, rows + 1):
+        owner[0], column = row, 0
+        slack, done = [math.inf] * (columns + 1), [False] * (columns + 1)
+        while owner[column]:
+            done[column] = True
+            current, delta, nearest = owner[column], math.inf, 0
+            for j in range(1, columns + 1):
+                if not done[j]:
+                    reduced = cost[current - 1][j - 1] - row_potential[current] - column_potential[j]
+                    if reduced < slack[j]:
+                        slack[j], way[j] = reduced, column
+                    if slack[j] < delta:
+                        delta, nearest = slack[j], j
+            for j in range(columns + 1):
+                if done[j]:
+                    row_potential[owner[j]] += delta
+                    column_potential[j] -= delta
+                else:
+                    slack[j] -= delta
+            column = nearest
+        while column:
+            owner[column], column = owner[way[column]], way[column]
+    return sum(-cost[owner[j] - 1][j - 1] for j in range(1, columns + 1) if owner[j])
 
 
 def toolrl_score(entry: dict, calls: list[Call]) -> float:
     """ToolRL's correctness reward (Qian et al. 2025, arXiv 2504.13958; the GDPO paper's tool-calling setting trains on
     it beside format) on BFCL's ground truth, in [-3, 3]:
     6 * (name Jaccard + sum over ground-truth calls of (parameter-name Jaccard + values right)) / S_max - 3, with
-    S_max = 1 + (ground-truth calls) + (their keys); each ground-truth call is credited through the call of the same
-    function matched to it, one to one, by the matching that scores most.  A value is right when BFCL's own argument
-    check accepts it (types and allowed values, as `grade`).
+    S_max = 1 + (ground-truth calls) + (their keys).  Names are counted with repeats (a second call of a function
+    asked for once costs, as in ToolRL); each ground-truth call is credited through the call of the same function
+    matched to it, one to one, by the matching that credits most.  A value is right when BFCL's own argument check
+    accepts it (types and allowed values, as `grade`); an optional key left out is right.
 
     >>> entry = {"function": [{"name": "area", "parameters": {"properties": {"base": {"type": "integer"},
     ...     "height": {"type": "integer"}}}}], "ground_truth": [{"area": {"base": [10], "height": [5]}}]}
@@ -311,28 +350,15 @@ def toolrl_score(entry: dict, calls: list[Call]) -> float:
     (3.0, -3.0)
     >>> toolrl_score(entry, [("area", {"base": 10, "height": 4})])  # 6 * (1 + 1 + 1) / 4 - 3
     1.5
+    >>> # a guess beside the right call: names 1 of 2 by count; 6 * (1/2 + 1 + 2) / 4 - 3
+    >>> toolrl_score(entry, [("area", {"base": 10, "height": 4}), ("area", {"base": 10, "height": 5})])
+    2.25
     """
     answers = entry["ground_truth"]
-    wanted_names = {next(iter(answer)) for answer in answers}
-    made_names = {name for name, _ in calls}
-    names = len(wanted_names & made_names) / len(wanted_names | made_names) if wanted_names | made_names else 1.0
+    wanted, made = Counter(next(iter(answer)) for answer in answers), Counter(name for name, _ in calls)
+    common = sum((wanted & made).values())
+    names = common / (sum(wanted.values()) + sum(made.values()) - common) if wanted or made else 1.0
     credit = [[_pair_credit(entry, call, answer) for call in calls] for answer in answers]  # [answer][call]
-    keys = [_pair_credit(entry, ("", {}), answer)[1] for answer in answers]  # an unmatched answer's keys
-
-    def matchings(answer: int, used: frozenset):
-        """(credit, keys) of every one-to-one matching of answers[answer:] to the calls not in `used`."""
-        if answer == len(answers):
-            yield 0.0, 0
-            return
-        name = next(iter(answers[answer]))
-        options = [(None, (0.0, keys[answer]))] + [(index, got) for index, got in enumerate(credit[answer])
-                                                    if index not in used and calls[index][0] == name]
-        for index, (got, own_keys) in options:
-            for rest, rest_keys in matchings(answer + 1, used if index is None else used | {index}):
-                yield got + rest, own_keys + rest_keys
-
-    def score(matching: tuple[float, int]) -> float:
-        matched, answer_keys = matching
-        return 2 * TOOLRL_RANGE * (names + matched) / (1 + len(answers) + answer_keys) - TOOLRL_RANGE
-
-    return max(score(m) for m in matchings(0, frozenset()))
+    keys = sum(len(next(iter(answer.values()))) for answer in answers)
+    matched = _best_matching(credit) if calls else 0.0
+    return 2 * TOOLRL_RANGE * (names + matched) / (1 + len(answers) + keys) - TOOLRL_RANGE
