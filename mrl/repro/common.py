@@ -62,11 +62,12 @@ def side_by_side(work: Callable[[Item], Result], items: Sequence[Item]) -> list[
     started meanwhile share the cores as torch threads (OMP_NUM_THREADS, unless set; unset again after): a torch
     thread waiting on a core another job holds stalls at every op (measured: 4x slower).  A job that fails stops the
     target once the jobs beside it have ended, with its own error."""
-    threads = "OMP_NUM_THREADS" not in os.environ and jobs() > 1
+    count = jobs()
+    threads = "OMP_NUM_THREADS" not in os.environ and count > 1
     if threads:
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs()))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // count))
     try:
-        with ThreadPoolExecutor(max_workers=jobs()) as pool:
+        with ThreadPoolExecutor(max_workers=count) as pool:
             return list(pool.map(work, items))
     finally:
         if threads:

@@ -360,5 +360,4 @@ def toolrl_score(entry: dict, calls: list[Call]) -> float:
     names = common / (sum(wanted.values()) + sum(made.values()) - common) if wanted or made else 1.0
     credit = [[_pair_credit(entry, call, answer) for call in calls] for answer in answers]  # [answer][call]
     keys = sum(len(next(iter(answer.values()))) for answer in answers)
-    matched = _best_matching(credit) if calls else 0.0
-    return 2 * TOOLRL_RANGE * (names + matched) / (1 + len(answers) + keys) - TOOLRL_RANGE
+    return 2 * TOOLRL_RANGE * (names + _best_matching(credit)) / (1 + len(answers) + keys) - TOOLRL_RANGE
