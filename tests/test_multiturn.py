@@ -218,7 +218,8 @@ def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str, linear: boo
     """The policy loss as the trainer's first update computes it: old log-probs from the same batch (no grad),
     advantage 1 on every policy token, completion_mask as the loss mask.  -> (loss, logits' gradient [N, T, V],
     {name: grad}).  The output layer's gradient is autograd's (token_logprobs), so that the logits can be read;
-    `linear`: the trainer's own path for this model (linear_token_logprobs, gradient by hand; no logits: None)."""
+    `linear`: the trainer's own path for this model (linear_token_logprobs, gradient by hand; no logits: None).
+    The logits' gradient is 0 where the output layer did not run (policy_forward scores generated tokens only)."""
     with torch.no_grad():
         old_logprobs, _, _ = policy_forward(actor, batch)
     actor.zero_grad(set_to_none=True)
@@ -242,7 +243,11 @@ def trainer_loss(actor: Actor, batch: Rollouts, algo, loss_agg: str, linear: boo
     loss = aggregate(pg_loss, mask, loss_agg)
     loss.backward()
     grads = {name: p.grad.clone() for name, p in actor.named_parameters() if p.grad is not None}
-    dlogits = None if linear else torch.cat([out.grad for out in outputs]).view(*batch.completion_ids.shape, -1)
+    dlogits = None
+    if not linear:  # the output layer ran on the generated tokens alone (policy_forward): the rest get no gradient
+        scored = torch.cat([out.grad for out in outputs]).flatten(0, -2)  # [generated tokens, V]
+        dlogits = scored.new_zeros(*batch.completion_ids.shape, scored.shape[-1])
+        dlogits[batch.completion_mask.bool()] = scored
     return loss.detach(), dlogits, grads
 
 

@@ -12,11 +12,12 @@ from conftest import algo_settings, compose_config
 from test_decoder import PAD, draw, family_model
 from test_update import GradCapture
 
-from mrl.algo.losses import aggregate, clipped_surrogate
+from mrl.algo.losses import aggregate, clipped_surrogate, linear_token_logprobs
 from mrl.generation import decoder as decoder_module
 from mrl.generation.decoder import inverse_cdf
 from mrl.generation.rollout import Rollouts, Sampling, native_decode
-from mrl.modeling.models import Actor, load_causal_lm, position_ids, resolve_model_path
+from mrl.modeling import models
+from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
 from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
 
 G, T = 3, 5
@@ -64,14 +65,19 @@ def relative_gap(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
-@pytest.mark.parametrize("dtype,micro,tolerance", [(torch.float32, 6, 1e-6), (torch.float64, 6, 2e-7),
-                                                   (torch.float64, 1, 1e-13)])
-def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, micro, tolerance):
+@pytest.mark.parametrize("dtype,micro,tolerance,bucket_cost", [
+    (torch.float32, 6, 1e-6, BUCKET_COST), (torch.float64, 6, 2e-7, BUCKET_COST),
+    (torch.float64, 1, 1e-13, BUCKET_COST), (torch.float32, 6, 1e-6, 0), (torch.float64, 6, 2e-7, 0)])
+def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, micro, tolerance, bucket_cost,
+                                                                   monkeypatch, request):
     """3 groups x 3 rows, prompts of 4, 2 and 3 tokens in 5 columns, completions ending early and one at the limit,
     in micro-batches of 6 rows (and of 1): each micro-batch's log-probs are the padded batch's, and the accumulated
     gradient of every parameter is the one-forward loss's.  float64: log-probs within 1e-13; the gradient is exact
     (1e-16) where a micro-batch holds one prompt, and 1e-7 where a micro-batch's rows share several prompts' passes
-    (Actor's prompt_width), as much as a whole batch in one micro-batch was off before micro-batches were trimmed."""
+    (Actor's prompt_width), as much as a whole batch in one micro-batch was off before micro-batches were trimmed.
+    With a bucket costing nothing (`bucket_cost` 0), every length of completion runs as its own bucket."""
+    monkeypatch.setattr(models, "BUCKET_COST", bucket_cost)
+    tails = decoder_calls(tiny, request, cached=True)
     model = tiny.to(dtype)
     actor = Actor(model)
     batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
@@ -104,6 +110,91 @@ def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, 
         assert relative_gap(capture.steps[0][name], param.grad) <= tolerance, name
     actor.zero_grad(set_to_none=True)
     model.float()
+    if micro == 6:  # two groups' rows hold 3 or more lengths: at no cost a bucket each, else one bucket of 6
+        assert (max(rows for rows, _ in tails) < 6) == (bucket_cost == 0)
+
+
+def decoder_calls(model, request, cached: bool) -> list[tuple[int, int]]:
+    """(rows, width) of each call of `model`'s decoder on a cache: `cached` ones that extend a filled cache (the
+    completions after a shared prompt), else those that fill an empty one (a prompt pass), until the test ends."""
+    calls: list[tuple[int, int]] = []
+
+    def record(_module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if kwargs.get("use_cache") and cache is not None and (cache.get_seq_length() > 0) == cached:
+            calls.append(tuple(kwargs["input_ids"].shape))
+
+    request.addfinalizer(model.get_decoder().register_forward_pre_hook(record, with_kwargs=True).remove)
+    return calls
+
+
+def test_completions_run_in_buckets_each_to_its_own_length(tiny, monkeypatch, request):
+    """One micro-batch of all 9 rows, completions of 2, 5, 1 | 3, 1, 2 | 2, 2, 1 tokens: at no cost per bucket, a
+    bucket per length (3 rows of 1 token, 4 of 2, 1 of 3, 1 of 5: 19 tokens, not 9 x 5 = 45); at the default cost
+    (16 tokens a call) the 7 rows of 1 and 2 tokens to 2, the other 2 to 5 (24 tokens + 2 calls: 56, against one
+    bucket's 45 + 16 = 61)."""
+    batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
+    tails = decoder_calls(tiny, request, cached=True)
+    for cost, expected in [(0, [(3, 1), (4, 2), (1, 3), (1, 5)]), (BUCKET_COST, [(7, 2), (2, 5)])]:
+        monkeypatch.setattr(models, "BUCKET_COST", cost)
+        tails.clear()
+        with torch.no_grad():
+            policy_forward(Actor(tiny), batch)
+        assert tails == expected
+
+
+def all_partitions_cost(lengths: list[int], cost: int) -> int:
+    """The cheapest split of the rows into buckets, over every split of the sorted lengths (brute force)."""
+    ordered = sorted(lengths)
+    best = None
+    for cuts in range(2 ** (len(ordered) - 1)):
+        total, start = 0, 0
+        for end in range(1, len(ordered) + 1):
+            if end == len(ordered) or cuts >> (end - 1) & 1:
+                total += (end - start) * ordered[end - 1] + cost
+                start = end
+        best = total if best is None else min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("cost", [0, 5, 16, 100])
+def test_length_buckets_is_the_cheapest_split(cost):
+    """Every row in one bucket, buckets of contiguous lengths, and the cost (rows x longest + cost a bucket) the
+    least of all 2^(n-1) splits, on 200 random tables of up to 9 rows."""
+    gen = torch.Generator().manual_seed(cost)
+    for _ in range(200):
+        lengths = torch.randint(1, 65, (int(torch.randint(1, 10, (1,), generator=gen)),), generator=gen)
+        buckets = length_buckets(lengths, cost)
+        assert sorted(torch.cat(buckets).tolist()) == list(range(len(lengths)))
+        spans = [(int(lengths[b].min()), int(lengths[b].max())) for b in buckets]
+        assert all(high <= low for (_, high), (low, _) in zip(spans, spans[1:]))  # shortest bucket first
+        spent = sum(len(b) * int(lengths[b].max()) + cost for b in buckets)
+        assert spent == all_partitions_cost(lengths.tolist(), cost)
+
+
+def test_only_generated_tokens_reach_the_output_layer(tiny, monkeypatch):
+    """policy_forward scores the generated tokens alone: their log-probs are the full scoring's, the other positions
+    0, and the output layer runs on 19 positions (the completions' tokens), not 9 x 5."""
+    batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
+    actor = Actor(tiny)
+    positions: list[int] = []
+
+    def counted(hidden, *args):
+        positions.append(hidden.shape[:-1].numel())
+        return linear_token_logprobs(hidden, *args)
+
+    monkeypatch.setattr(models, "linear_token_logprobs", counted)
+    with torch.no_grad():
+        got, entropy, _ = policy_forward(actor, batch, entropy=True)
+    monkeypatch.undo()
+    attention = batch.attention_mask
+    with torch.no_grad():
+        full, full_entropy, _ = actor(batch.input_ids, attention, position_ids(attention), T + 1,
+                                      targets=batch.completion_ids, entropy=True)
+    live = batch.completion_mask.bool()
+    assert relative_gap(got[live], full[live]) <= 1e-6 and relative_gap(entropy[live], full_entropy[live]) <= 1e-6
+    assert (got[~live] == 0).all() and (entropy[~live] == 0).all()
+    assert positions == [int(live.sum())] == [19]
 
 
 def prompt_passes(actor: Actor) -> list[int]:

@@ -8,6 +8,7 @@ that train) and compute in `model.dtype` where the device has it (mrl/modeling/p
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import inspect
@@ -198,7 +199,7 @@ class Actor(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, keep: int = 0, prompt_width: int = 0,
                 targets: torch.Tensor | None = None, temperature: float = 1.0, entropy: bool = False,
-                entropy_grad: bool = False, warp=None):
+                entropy_grad: bool = False, warp=None, scored: torch.Tensor | None = None):
         """The last `keep` positions (0: all L) of each row.
 
         Without `targets`: (logits [N, keep, V], values [N, keep] or None).
@@ -208,7 +209,8 @@ class Actor(nn.Module):
         output layer then runs a chunk of positions at a time: no [N, K, V] tensor exists, in the forward or the
         backward (mrl.algo.losses.linear_token_logprobs where plain_output_weight allows, its gradient by hand; else
         mrl.algo.losses.token_logprobs, recomputed by autograd).  Inside forward, so that an engine (DeepSpeed) sees one
-        call.
+        call.  `scored` [N, K] (with `targets`): the positions to score, the output layer running on those alone
+        (the rest: log-prob and entropy 0); None: all K.
 
         Only the completion's positions need logits: at a real vocabulary (49k) and a long chat prompt, the output
         layer over the prompt's positions would cost more than the rest of the model, and its memory most of all.
@@ -228,18 +230,24 @@ class Actor(nn.Module):
             hidden = hidden[:, -keep:]  # [N, keep, H]
             if targets is not None:
                 scored_hidden = hidden[:, :targets.shape[1]]  # [N, K, H]
+                at = None if scored is None else scored.bool()  # [N, K]
+                if at is not None:  # the scored positions alone, as one row: [1, M, H], [1, M]
+                    scored_hidden, targets = scored_hidden[at][None], targets[at][None]
                 weight = None if entropy_grad or warp is not None else self.plain_output_weight()
-                scored = (linear_token_logprobs(scored_hidden, weight, targets, temperature / self.logit_multiplier(),
-                                                entropy)
-                          if weight is not None else
-                          token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
-                                         entropy_grad, warp))
+                outputs = (linear_token_logprobs(scored_hidden, weight, targets, temperature / self.logit_multiplier(),
+                                                 entropy)
+                           if weight is not None else
+                           token_logprobs(self.logits, scored_hidden, targets, self.vocab_size, temperature, entropy,
+                                          entropy_grad, warp))
+                if at is not None:  # back to [N, K], 0 where not scored
+                    outputs = tuple(None if x is None else x.new_zeros(at.shape).index_put((at,), x[0])
+                                    for x in outputs)
             else:
-                scored = (self.logits(hidden),)
+                outputs = (self.logits(hidden),)
         values = None
         if self.value_head is not None:
             values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
-        return *scored, values
+        return *outputs, values
 
     @property
     def vocab_size(self) -> int:
@@ -313,10 +321,62 @@ class Actor(nn.Module):
         cache = empty_cache(self.policy)
         head = decoder(input_ids=input_ids[first, :W], attention_mask=attention_mask[first, :W],
                        position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
-        cache.batch_select_indices(row_prompt)  # [U, ...] -> [N, ...], differentiable
-        tail = decoder(input_ids=input_ids[:, W:], attention_mask=attention_mask, position_ids=position_ids[:, W:],
-                       use_cache=True, **{cache_kwarg(decoder): cache})
-        return torch.cat([head.last_hidden_state[row_prompt, -1:], tail.last_hidden_state], 1)
+        # The completions run in buckets of rows of similar length, each to its own longest: a row is not computed
+        # past its end for the sake of a longer row in another bucket (rows of a bucket see the same keys as before,
+        # so each row's states are the one-batch states).  Positions past a bucket's width are zeros: padding.
+        tail_columns = torch.arange(1, input_ids.shape[1] - W + 1, device=input_ids.device)
+        lengths = (attention_mask[:, W:] * tail_columns).amax(1)  # [N] each row's last attended column + 1
+        buckets = length_buckets(lengths, BUCKET_COST)
+        states = []
+        for rows in buckets:
+            width = max(1, int(lengths[rows].max()))
+            bucket_cache = cache if len(buckets) == 1 else copied(cache)
+            bucket_cache.batch_select_indices(row_prompt[rows])  # [U, ...] -> [n, ...], differentiable
+            tail = decoder(input_ids=input_ids[rows, W:W + width], attention_mask=attention_mask[rows, :W + width],
+                           position_ids=position_ids[rows, W:W + width], use_cache=True,
+                           **{cache_kwarg(decoder): bucket_cache}).last_hidden_state  # [n, width, H]
+            states.append(nn.functional.pad(tail, (0, 0, 0, input_ids.shape[1] - W - width)))
+        order = torch.cat(buckets).argsort()  # bucketed rows -> rows
+        return torch.cat([head.last_hidden_state[row_prompt, -1:], torch.cat(states)[order]], 1)
+
+
+BUCKET_COST = 16  # what another forward of the completions costs, in tokens computed (fixed per-call work)
+
+
+def length_buckets(lengths: torch.Tensor, cost: int) -> list[torch.Tensor]:
+    """Rows [N] by their lengths, cut into buckets of similar length so that a bucket computed to its longest
+    row's length costs least: the sum over buckets of rows x longest + `cost` each (fewest padded tokens, a
+    bucket's fixed cost weighed against them).  Rows in order of length; an exact partition of the sorted rows
+    (dynamic programming over where each bucket starts).  -> row indices per bucket, shortest bucket first.
+
+    >>> [b.tolist() for b in length_buckets(torch.tensor([64, 10, 12, 60]), 16)]
+    [[1, 2], [3, 0]]
+    >>> [b.tolist() for b in length_buckets(torch.tensor([64, 60, 62]), 16)]  # 2 tokens saved: not worth a call
+    [[1, 2, 0]]
+    """
+    order = lengths.argsort(stable=True)
+    sorted_lengths = lengths[order].tolist()
+    n = len(sorted_lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: the cheapest cut of the j shortest rows
+    start = [0] * (n + 1)  # where the last bucket of best[j] starts
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i .. j-1 in one bucket, computed to the longest of them, sorted_lengths[j-1]
+            spent = best[i] + (j - i) * sorted_lengths[j - 1] + cost
+            if spent < best[j]:
+                best[j], start[j] = spent, i
+    cuts, j = [], n
+    while j > 0:
+        cuts.append((start[j], j))
+        j = start[j]
+    return [order[i:j] for i, j in reversed(cuts)]
+
+
+def copied(cache):
+    """A cache of the same keys and values that later writes leave `cache` untouched (a layer's update and
+    batch_select_indices rebind its tensors: copies of the layer objects suffice)."""
+    twin = copy.copy(cache)
+    twin.layers = [copy.copy(layer) for layer in cache.layers]
+    return twin
 
 
 def logits_gap(model: nn.Module, own: Callable[[], torch.Tensor], mine: Callable[[], torch.Tensor]) -> float | None:

@@ -274,7 +274,8 @@ def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bo
 
     Returns (logprobs [N, T], entropy [N, T] when `entropy` or `entropy_grad` (with gradients only then) else None,
     values [N, T] from the actor's value head, or None), where position t scores completion token t from the state
-    before it.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
+    before it.  Only the generated tokens (`completion_mask`) are scored, the rest 0: the output layer never runs on
+    padding or on observed tokens.  No [N, T, V] logits are held: the actor scores a chunk of positions at a time.
     """
     attention_mask = batch.attention_mask
     # The last T+1 positions: from the prompt's last token (scoring completion token 0) to the end (scoring nothing).
@@ -282,7 +283,7 @@ def policy_forward(actor, batch: Rollouts, temperature: float = 1.0, entropy: bo
     logprobs, entropies, values = actor(batch.input_ids, attention_mask, position_ids(attention_mask), keep,
                                         prompt_width=batch.prompt_ids.shape[1], targets=batch.completion_ids,
                                         temperature=temperature, entropy=entropy, entropy_grad=entropy_grad,
-                                        warp=warp)
+                                        warp=warp, scored=batch.completion_mask)
     values = values[:, :-1].float() if values is not None else None
     return logprobs, entropies, values
 
