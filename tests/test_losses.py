@@ -301,11 +301,12 @@ def test_token_logprobs_without_entropy_or_gradients():
     assert logprobs.shape == (2, 3) and entropy is None and (logprobs < 0).all()
 
 
-def linear_scores(monkeypatch, chunk: int, dtype=torch.float32, frozen: bool = False):
-    """linear_token_logprobs at LOGIT_CHUNK=`chunk` on a fixed problem (N=3, T=5, H=8, V=11, temperature 0.7),
-    backward through a weighted sum of the log-probs (uneven weights, one of them 0) -> (log-probs, entropies,
-    d hidden, d weight)."""
+def linear_scores(monkeypatch, chunk: int, dtype=torch.float32, frozen: bool = False, keep: bool = True):
+    """linear_token_logprobs at LOGIT_CHUNK=`chunk` on a fixed problem (N=3, T=5, H=8, V=11, temperature 0.7), its
+    logits kept for the backward (`keep`) or recomputed there, backward through a weighted sum of the log-probs
+    (uneven weights, one of them 0) -> (log-probs, entropies, d hidden, d weight)."""
     monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_KEEP", 10**6 if keep else 0)
     torch.manual_seed(0)
     weight = torch.randn(11, 8, dtype=dtype, requires_grad=not frozen)
     hidden = torch.randn(3, 5, 8, dtype=dtype, requires_grad=True)
@@ -330,16 +331,19 @@ def reference_scores():
 
 
 @pytest.mark.parametrize("chunk", [10**6, 2 * 11, 11])  # one chunk of 15 positions; 2 positions; 1 position
-def test_linear_token_logprobs_equal_full_logits_values_and_gradients(monkeypatch, chunk):
-    got, expected = linear_scores(monkeypatch, chunk), reference_scores()
+@pytest.mark.parametrize("keep", [True, False])  # the logits kept for the backward, or recomputed there
+def test_linear_token_logprobs_equal_full_logits_values_and_gradients(monkeypatch, chunk, keep):
+    got, expected = linear_scores(monkeypatch, chunk, keep=keep), reference_scores()
     for a, b in zip(got, expected):
         assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert not got[1].requires_grad  # the entropy is logged, never trained through this path
     assert (got[0] < 0).all() and got[3].abs().sum() > 0
 
 
-def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
+@pytest.mark.parametrize("keep", [True, False])
+def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch, keep):
     monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", 2 * 5)  # 2 positions a chunk
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_KEEP", 10**6 if keep else 0)
     torch.manual_seed(1)
     hidden = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
@@ -347,13 +351,14 @@ def test_linear_token_logprobs_gradcheck_in_float64(monkeypatch):
     assert torch.autograd.gradcheck(lambda h, w: linear_token_logprobs(h, w, targets, 1.3)[0], (hidden, weight))
 
 
-@pytest.mark.parametrize("chunk", [10**6, 2 * 512])  # one chunk (its logits kept); 2 positions a chunk (recomputed)
-def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatch, chunk):
+@pytest.mark.parametrize("chunk,keep", [(10**6, True), (2 * 512, False), (2 * 512, True)])  # one chunk; 2 positions
+def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatch, chunk, keep):  # a chunk
     """Under bf16 autocast (a GPU's mixed precision; CPU autocast here) the forward computes bf16 logits, and the
     backward, which autograd runs outside autocast, must recompute them in bf16 too: confident tokens (p near 1)
     have a gradient g * (1 - p) that a float32 recomputation against the bf16 log-normalizer turns into noise.
     token_logprobs' checkpointed chunks restore autocast when they recompute: both ways must agree."""
     monkeypatch.setattr(mrl.algo.losses, "LOGIT_CHUNK", chunk)
+    monkeypatch.setattr(mrl.algo.losses, "LOGIT_KEEP", 10**6 if keep else 0)
 
     def run(way):
         torch.manual_seed(0)
@@ -371,6 +376,25 @@ def test_linear_token_logprobs_under_autocast_match_the_autograd_path(monkeypatc
     assert linear[0].exp().mean() > 0.9  # confident
     for got, expected in zip(linear, autograd):
         assert ((got - expected).norm() / expected.norm()).item() < 0.02
+
+
+@pytest.mark.parametrize("keep,products", [(True, 3 * 3), (False, 4 * 3)])
+def test_linear_token_logprobs_keeps_the_logits_it_may(monkeypatch, keep, products):
+    """15 positions in chunks of 6: the output layer's products are 3 a chunk (the logits, then the hidden states' and
+    the weight's gradients) where the logits are kept, 4 where the backward recomputes them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountProducts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm_.default):
+                CountProducts.count += 1
+            return func(*args, **(kwargs or {}))
+
+    with CountProducts():
+        linear_scores(monkeypatch, 6 * 11, keep=keep)
+    assert CountProducts.count == products
 
 
 def test_linear_token_logprobs_of_no_positions():

@@ -22,6 +22,10 @@ from mrl.core.config import Registry
 
 # The most logits token_logprobs holds at once: [positions, V] of 2^24 elements, 64 MB in fp32.
 LOGIT_CHUNK = 2**24
+# The most logits linear_token_logprobs keeps from its forward for its backward (256 MB in fp32), rather than run
+# the output layer again: a BFCL micro-batch's ~600 scored tokens at SmolLM2's 49k vocabulary (118 MB) are kept,
+# a 152k vocabulary's thousands of positions recomputed a chunk at a time.
+LOGIT_KEEP = 2**26
 
 
 def seq_mean(per_token: Tensor, mask: Tensor, denom: float | None = None) -> Tensor:
@@ -151,12 +155,14 @@ def linear_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, tempe
     token_logprobs' checkpointed chunks holds two [V, H] gradients at once (the running sum and the chunk's) and the
     softmax's intermediates besides.  At a 152k vocabulary, hidden 896, 16 x 128 positions (scripts/bench_head.py,
     CPU): 728 MiB above the inputs (519 of them the weight's gradient itself) instead of 1705, in 0.69x the time.
-    The output layer runs as often either way: twice over several chunks (forward, and recomputed in the backward),
-    once over one.  The same math, to float rounding (tests/test_losses.py).
+    The output layer runs once when all the logits fit LOGIT_KEEP (they are kept for the backward), else twice
+    (forward, and recomputed a chunk at a time in the backward).  The same math, to float rounding
+    (tests/test_losses.py).
     """
     N, T, H = hidden.shape
     logprobs, entropies = _LinearLogprobs.apply(hidden.reshape(N * T, H), weight, targets.reshape(N * T),
-                                                temperature, max(1, LOGIT_CHUNK // weight.shape[0]), entropy)
+                                                temperature, max(1, LOGIT_CHUNK // weight.shape[0]), entropy,
+                                                N * T * weight.shape[0] <= LOGIT_KEEP)
     return logprobs.view(N, T), entropies.view(N, T) if entropy else None
 
 
@@ -164,33 +170,35 @@ class _LinearLogprobs(torch.autograd.Function):
     """log softmax(hidden @ weight.T / temperature)[targets], `rows` positions at a time.  hidden [M, H], weight
     [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
 
-    d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the logits (recomputed, or kept for a
-    single chunk) and the saved log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept
+    d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the logits (kept from the forward
+    with `keep`, else recomputed) and the saved log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept
     for the backward: the autocast dtype where autocast is on (bf16 on a GPU, as the model's own output layer would
     run), else hidden's.  Autograd runs the backward outside autocast, and logits recomputed in another precision than
     the saved log-normalizer's would not sum to one (a confident token's gradient, g * (1 - p), would be rounding
     noise).  The softmax and the weight's gradient are float32 (float64 for float64 inputs)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool):
+    def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool, keep: bool):
         device = hidden.device.type
         ctx.compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         wide = torch.promote_types(ctx.compute, torch.float32)
         logprobs = torch.empty(len(hidden), dtype=wide, device=hidden.device)  # [M]
         log_norm = torch.empty_like(logprobs)  # [M]
         entropies = torch.empty_like(logprobs) if entropy else logprobs.new_empty(0)
+        # Kept (at most LOGIT_KEEP logits): the backward reads them rather than run the output layer again, as
+        # autograd would keep them; else each chunk is recomputed there, so that memory stays one chunk's.
+        kept = logprobs.new_empty(len(hidden), weight.shape[0]) if keep else logprobs.new_empty(0)  # [M, V]
         with torch.autocast(device, enabled=False):
             w = weight.to(ctx.compute)
             for start in range(0, len(hidden), rows):
                 span = slice(start, start + rows)
-                logits = (hidden[span].to(ctx.compute) @ w.t()).to(wide).div_(temperature)  # [c, V], a fresh tensor
+                product = hidden[span].to(ctx.compute) @ w.t()
+                logits = kept[span].copy_(product) if keep else product.to(wide)  # [c, V], not the model's
+                logits.div_(temperature)
                 log_norm[span] = torch.logsumexp(logits, -1)
                 logprobs[span] = logits.gather(1, targets[span, None]).squeeze(1) - log_norm[span]
                 if entropy:  # H = log Z - sum_v p_v * logit_v
                     entropies[span] = log_norm[span] - torch.softmax(logits, -1).mul_(logits).sum(-1)
-        # One chunk (at most LOGIT_CHUNK logits): keep its logits rather than run the output layer again, as autograd
-        # would keep them; with several, each is recomputed so that memory stays one chunk's.
-        kept = logits if 0 < len(hidden) <= rows else logprobs.new_empty(0)
         ctx.save_for_backward(hidden, weight, targets, log_norm, kept)
         ctx.temperature, ctx.rows = temperature, rows
         ctx.mark_non_differentiable(entropies)
@@ -211,7 +219,7 @@ class _LinearLogprobs(torch.autograd.Function):
                 h = hidden[span].to(ctx.compute)
                 upstream = grad_logprobs[span].to(wide)  # [c]
                 if kept.numel():  # -g * softmax, beside the kept logits
-                    grad_logits = (kept - log_norm[span, None]).exp_().mul_(-upstream[:, None])
+                    grad_logits = (kept[span] - log_norm[span, None]).exp_().mul_(-upstream[:, None])
                 else:  # recomputed as in the forward; -g * softmax in the logits' own buffer
                     logits = (h @ w.t()).to(wide).div_(ctx.temperature)  # [c, V]
                     grad_logits = logits.sub_(log_norm[span, None]).exp_().mul_(-upstream[:, None])
@@ -221,7 +229,7 @@ class _LinearLogprobs(torch.autograd.Function):
                     grad_hidden[span] = grad_logits.to(ctx.compute) @ w
                 if want_weight:
                     grad_weight.addmm_(grad_logits.t(), h.to(wide))  # in place: no second [V, H]
-        return (grad_hidden, grad_weight.to(weight.dtype) if want_weight else None, None, None, None, None)
+        return (grad_hidden, grad_weight.to(weight.dtype) if want_weight else None, None, None, None, None, None)
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, clip: float) -> Tensor:
