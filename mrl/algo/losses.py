@@ -171,11 +171,12 @@ class _LinearLogprobs(torch.autograd.Function):
     [V, H], targets [M] -> (log-probs [M], entropies [M] or an empty tensor).
 
     d log p_t / d logits = onehot(t) - softmax(logits): the backward needs only the logits (kept from the forward
-    with `keep`, else recomputed) and the saved log-normalizer.  The matmuls run in one compute dtype, chosen in the forward and kept
-    for the backward: the autocast dtype where autocast is on (bf16 on a GPU, as the model's own output layer would
-    run), else hidden's.  Autograd runs the backward outside autocast, and logits recomputed in another precision than
-    the saved log-normalizer's would not sum to one (a confident token's gradient, g * (1 - p), would be rounding
-    noise).  The softmax and the weight's gradient are float32 (float64 for float64 inputs)."""
+    with `keep`, else recomputed) and the saved log-normalizer.  The matmuls run in one compute dtype, chosen in the
+    forward and kept for the backward: the autocast dtype where autocast is on (bf16 on a GPU, as the model's own
+    output layer would run), else hidden's.  Autograd runs the backward outside autocast, and logits recomputed in
+    another precision than the saved log-normalizer's would not sum to one (a confident token's gradient,
+    g * (1 - p), would be rounding noise).  The softmax and the weight's gradient are float32 (float64 for float64
+    inputs)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, rows: int, entropy: bool, keep: bool):
