@@ -5,17 +5,19 @@ stops computing finished rows and still draws every row's tokens."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import algo_settings, compose_config
-from test_decoder import PAD, draw, family_model
+from test_decoder import PAD, draw, family_model, grouped_batch
 from test_update import GradCapture
 
 from mrl.algo.losses import aggregate, clipped_surrogate, linear_token_logprobs
 from mrl.generation import decoder as decoder_module
-from mrl.generation.decoder import inverse_cdf
-from mrl.generation.rollout import Rollouts, Sampling, native_decode
+from mrl.generation.decoder import DecodeRequest, SharedPrefixKV, inverse_cdf
+from mrl.generation.rollout import Rollouts, Sampling, native_decode, prompt_cache
 from mrl.modeling import models
 from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
 from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
@@ -243,6 +245,62 @@ def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(mon
         dropped = draw(lambda m, r, s: native_decode(m, r, s, draw=inverse_cdf), model, sampling, cached=5)
         assert torch.equal(dropped, kept)
         assert (kept[:, -1] == PAD).sum() >= 3 and sum(rows_computed) < everything
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_cascade_attention_is_the_attention_over_all_keys(dtype, tolerance):
+    """SharedPrefixKV.attend (each prompt's keys read once for its rows) against SDPA over every row's own copy of
+    its prompt's keys and its own: 3 prompts of 5 cached positions (one all padding: a one-token prompt in a wider
+    batch), rows 3, 1 and 2 of them in a shuffled order, 2 queries a row (causal among the own keys), 6 query
+    heads on 2 KV heads; then again after dropping rows (every row of prompt 1 among them)."""
+    gen = torch.Generator().manual_seed(0)
+    prompts, kv_heads, heads, dim, cached, own = 3, 2, 6, 4, 5, 4
+    groups = torch.tensor([2, 0, 1, 0, 2, 0])
+    rows, n = len(groups), 2
+    randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)  # noqa: E731
+    layers = [SimpleNamespace(keys=randn(prompts, kv_heads, cached, dim), values=randn(prompts, kv_heads, cached, dim))]
+    prompt_allowed = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[groups]
+    buffers = SharedPrefixKV(SimpleNamespace(layers=layers), groups, prompt_allowed, cached + own)
+    start = cached + own - n  # the rows' first own keys were written before: write the rest, then the queries'
+    keys, values = buffers.write(0, cached, randn(rows, kv_heads, start - cached, dim),
+                                 randn(rows, kv_heads, start - cached, dim))
+    keys, values = buffers.write(0, start, randn(rows, kv_heads, n, dim), randn(rows, kv_heads, n, dim))
+    own_allowed = torch.rand(rows, own, generator=gen) < 0.7
+    query, key = start + torch.arange(n)[:, None], torch.arange(cached + own)
+    allowed = torch.cat([prompt_allowed, own_allowed], 1)
+    mask = (allowed[:, None, None, :] & (key <= query)) | (key == query)  # [A, 1, n, C + S], as NativeDecoder's
+    q = randn(rows, heads, n, dim)
+
+    def expected(q, groups, keys, values, mask):
+        all_keys = torch.cat([layers[0].keys[groups], keys], 2)
+        all_values = torch.cat([layers[0].values[groups], values], 2)
+        return F.scaled_dot_product_attention(q, all_keys, all_values, attn_mask=mask, scale=0.5,
+                                              enable_gqa=True).transpose(1, 2)
+
+    got = buffers.attend(0, q, keys, values, mask, 0.5)
+    assert got.shape == (rows, n, heads, dim)
+    assert relative_gap(got, expected(q, groups, keys, values, mask)) <= tolerance
+    kept = torch.tensor([True, True, False, False, True, True])  # prompt 1's only row dropped
+    buffers.select(kept, start + n)
+    keys, values = buffers.keys[0][:, :, :own], buffers.values[0][:, :, :own]
+    got = buffers.attend(0, q[kept], keys, values, mask[kept], 0.5)
+    assert relative_gap(got, expected(q[kept], groups[kept], keys, values, mask[kept])) <= tolerance
+
+
+def test_the_decoder_reads_a_groups_prompt_once(monkeypatch):
+    """Rows that share cached prompts decode through SharedPrefixKV (and draw HF generate's tokens: test_decoder);
+    one row a prompt (greedy evaluation) and a model under autocast keep the copies."""
+    used = []
+    attend = SharedPrefixKV.attend
+    monkeypatch.setattr(SharedPrefixKV, "attend", lambda self, *a: used.append(len(self.groups)) or attend(self, *a))
+    model = family_model("llama")
+    draw(native_decode, model, Sampling(4, greedy=True), budget=4, cached=4)
+    assert used and max(used) == 12  # 6 prompts x 2 rows
+    used.clear()
+    ids, mask, _ = grouped_batch(groups=6, group_size=1)
+    cache = prompt_cache(model, ids[:, :5], mask[:, :5])
+    native_decode(model, DecodeRequest(ids, mask, 4, [1], PAD, cache, torch.arange(6)), Sampling(4, greedy=True))
+    assert used == []
 
 
 def test_bench_step_times_the_step_issue_45_measured():

@@ -10,7 +10,6 @@ of each prompt is left-padded after them (`prompt_layout`): padding in the middl
 
 from __future__ import annotations
 
-import copy
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,7 @@ from mrl.core.distributed import warn
 from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.generation.captured import captured_decoder, first_use_check
 from mrl.generation.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
-from mrl.modeling.models import cache_kwarg, empty_cache, hf_model, position_ids
+from mrl.modeling.models import cache_kwarg, copied, empty_cache, hf_model, position_ids
 
 
 @dataclass
@@ -277,10 +276,9 @@ def _rows_of(cache, rows: Tensor):
     """A copy of `cache` holding its rows `rows` [A] (groups' shared prompts -> one row per rollout)."""
     if cache is None:
         return None
-    copied = copy.copy(cache)
-    copied.layers = [copy.copy(layer) for layer in cache.layers]
-    copied.batch_select_indices(rows)  # new tensors per layer: the shared cache stays as it was
-    return copied
+    rows_cache = copied(cache)
+    rows_cache.batch_select_indices(rows)  # new tensors per layer: the shared cache stays as it was
+    return rows_cache
 
 
 def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tensor:
