@@ -4,6 +4,7 @@ stops computing finished rows and still draws every row's tokens."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from mrl.algo.losses import aggregate, clipped_surrogate, linear_token_logprobs
 from mrl.generation import decoder as decoder_module
 from mrl.generation.decoder import DecodeRequest, SharedPrefixKV, inverse_cdf
 from mrl.generation.rollout import Rollouts, Sampling, native_decode, prompt_cache
-from mrl.modeling import models
+from mrl.modeling import heap, models
 from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
 from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
 
@@ -347,3 +348,32 @@ def test_bench_step_starts_where_train_bfcl_rl_starts(tmp_path, monkeypatch):
     assert export == ["export", str(tmp_path / "start-run"), "--out", str(tmp_path / "start")]
     bench_step.sft_start(tmp_path / "start")
     assert len(calls) == 2  # reused
+
+
+FAULTS_OF_A_SECOND_BLOCK = """
+import resource, sys, torch
+from mrl.modeling.heap import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+torch.ones(64 * 2**20 // 4)  # 64 MB written, then freed
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(64 * 2**20 // 4)  # the same size again
+print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_freed_memory_is_reused_without_page_faults(keep):
+    """A 64 MB block freed and taken again: glibc's default gives it back to the kernel and faults its 16,384 pages
+    in again; after keep_freed_memory() the heap keeps it (no page faulted).  A user's MALLOC_* setting wins."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in heap.USER_SETTINGS}
+    out = subprocess.run([sys.executable, "-c", FAULTS_OF_A_SECOND_BLOCK, "keep" if keep else "default"], env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == ("True" if keep else "None")
+    assert (int(out[1]) < 100) if keep else (int(out[1]) >= 16384)
+    env["MALLOC_TRIM_THRESHOLD_"] = "0"
+    out = subprocess.run([sys.executable, "-c", FAULTS_OF_A_SECOND_BLOCK, "keep"], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[0] == "False"

@@ -6,4 +6,5 @@
   trainable.py     the policy (and value head) with its optimizer, plain or under DeepSpeed
   lora.py          LoRA adapters: attach, save, merge
   fits.py          what fits in memory: counts against the machine's bytes
+  heap.py          memory a step frees kept for the next (no page faults per micro-batch)
 """

@@ -52,6 +52,7 @@ from mrl.core import distributed as dist
 from mrl.core.episode import agent_metrics, sample_records
 from mrl.envs.task import Task, build_task, episode_protocol
 from mrl.generation.rollout import ROLLOUT_ENGINES, RolloutEngine, Sampling
+from mrl.modeling.heap import keep_freed_memory
 from mrl.modeling.lora import BaseReference, load_policy, uses_lora
 from mrl.modeling.models import (
     Actor,
@@ -80,6 +81,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     Returns the last step's metrics."""
     validate(cfg)  # before anything is written
     dist.init()  # under a launcher: the run's process group (mrl train has started it already)
+    keep_freed_memory()
     with RunDirLock(run_dir) if dist.is_main() else nullcontext():  # rank 0 holds it for every rank
         return train_locked(cfg, run_dir)
 

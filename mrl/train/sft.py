@@ -36,6 +36,7 @@ from mrl.core.config import UserError
 from mrl.core.data import EpochStream, load_records, split_train_eval
 from mrl.envs.task import Task, build_task, episode_protocol
 from mrl.generation.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids
+from mrl.modeling.heap import keep_freed_memory
 from mrl.modeling.lora import load_policy
 from mrl.modeling.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
 from mrl.modeling.trainable import Trainable, pick_device
@@ -56,6 +57,7 @@ def sft(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     `data.path`; logs and checkpoints go to `run_dir`, held locked.  Returns the last step's metrics."""
     validate(cfg)
     dist.init()
+    keep_freed_memory()
     with RunDirLock(run_dir) if dist.is_main() else nullcontext():
         return sft_locked(cfg, run_dir)
 
