@@ -99,7 +99,8 @@ def arg(args: list[str], key: str) -> str:
 
 class FakeMrl:
     """Stands in for `warm.mrl`: `sft` writes a warm start (its evaluations, a checkpoint), `train -m` one run per
-    algo and seed whose last evaluation is `finals[algo][seed]`, started from the warm start (lineage.json)."""
+    algo and seed whose last evaluation is `finals[algo][i]` (the i-th seed swept), started from the warm start
+    (lineage.json)."""
 
     def __init__(self, finals: dict[str, list[dict]], start: dict):
         self.finals, self.start, self.calls = finals, start, []
@@ -119,9 +120,9 @@ class FakeMrl:
         sha = lineage(intact_checkpoint(source, "test"))["policy_sha256"]
         job = 0
         for algo in arg(args, "algo").split(","):
-            for seed in arg(args, "trainer.seed").split(","):
+            for index, seed in enumerate(arg(args, "trainer.seed").split(",")):
                 run_dir = sweep / f"{job}_{algo}_seed{seed}"
-                final = self.finals[algo][int(seed)]
+                final = self.finals[algo][index]
                 fake_run(run_dir, {"algo": {"name": algo}, "trainer": {"seed": int(seed), "max_steps": 4,
                                                                         "prompts_per_step": 1, "group_size": 4}},
                          [{"step": 0, **self.start}, {"step": 1, "reward/correctness/mean": 0.1,
@@ -232,7 +233,7 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
 
 
 def test_paper_bfcl_judges_the_greedy_episodes_when_no_samples_are_drawn(reports, monkeypatch):
-    """k = 0 (SCALE=cpu since the plan of 2026-12-06b): the claims are judged on each record's greedy episode, keyed
+    """k = 0 (SCALE=cpu in the plans of 2026-12-06b to d): the claims are judged on each record's greedy episode, keyed
     eval/accuracy and eval/format/mean, with the same numbers as above (the fake's greedy rows equal its mean@4
     ones): accuracy HELD paired (Binomial(30, 0.3) / 30), format NOT RESOLVED; no mean@k column anywhere."""
     from mrl.repro import paper_bfcl

@@ -8,10 +8,11 @@ Here: one `mrl sft` checkpoint on the train split of simple_python, multiple and
 makes no right call before it, so every group would be dead), then grpo and gdpo x 3 seeds from it at the same steps,
 prompts and group size on those two channels (`rewards=bfcl_paper`: format and ToolRL's graded correctness, BFCL's own
 verdict scored as the pass channel at weight 0; right_functions and no_call dropped); every one of the 170 held-out
-records, at both scales, scored greedy and k times sampled (mean@k; k = 0 at SCALE=cpu: greedy only) at the start
-(the warm start's own evaluation, every arm's step 0) and every `eval_every` steps.  The claims (BFCL's verdict and
-format) are judged on mean@k (greedy where k = 0), paired by seed and record (mrl.repro.paired), with the unpaired
-2-SE verdict on the seed means beside it.  Each arm is its own multirun: `JOBS=2` runs the two side by side.
+records, at both scales, scored greedy and k times sampled (mean@k; k = 2 at SCALE=cpu, 8 at SCALE=gpu) every
+`eval_every` steps, and at the start (the warm start's own evaluation, every arm's step 0: greedy only at
+SCALE=cpu).  The claims (BFCL's verdict and format) are judged on mean@k (greedy where k = 0), paired by seed and
+record (mrl.repro.paired), with the unpaired 2-SE verdict on the seed means beside it.  Each arm is its own
+multirun: `JOBS=2` runs the two side by side.
 gdpo_conditioned does not apply: it conditions efficiency on correctness, and this setting has no efficiency channel.
 
 Sizes at SCALE=cpu come from measured step and evaluation times (docs/reproductions.md, "Budgets"); SCALE=gpu runs
@@ -30,7 +31,7 @@ from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdic
 NAME = "paper/bfcl"
 CATEGORIES = ("simple_python", "multiple", "parallel")
 ARMS = ("grpo", "gdpo")
-SEEDS = "0,1,2"
+SEEDS = "3,4,5"  # the plan of 2026-12-06e: seeds its hypothesis was not drawn from (plan c ran 0, 1, 2)
 HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
 TASK = [f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
@@ -49,8 +50,10 @@ SIZES = {
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
              "trainer.group_size=8", "trainer.micro_batch_size=16", "trainer.lr=1e-6", "trainer.temperature=1.0"]),
 }
-SAMPLES = {"cpu": 0, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes per held-out record, each evaluation
-# (cpu: greedy only, the plan of 2026-12-06b: 2 samples made the warm start's evaluation > 37 min on one core)
+SAMPLES = {"cpu": 2, "gpu": 8}  # k of eval/<channel>/mean@k: sampled episodes a held-out record, an arm's evaluation
+# The warm start's own evaluation: greedy only at SCALE=cpu (the plan of 2026-12-06b: 2 samples of the warm start,
+# which runs most answers to the token limit at T = 1, took > 37 min on one core; the claims compare the arms).
+WARM_SAMPLES = {"cpu": 0, "gpu": 8}
 GREEDY = {"correctness": "eval/accuracy", "format": "eval/format/mean"}  # a claim's key when k = 0
 MAX_NEW_TOKENS = {"cpu": 160, "gpu": 256}  # a parallel record's gold calls: median 126 tokens, 90th percentile 193
 
@@ -62,10 +65,12 @@ def plan(at: str | None = None) -> warm.Plan:
     model = model or warm.gpu_model("qwen2_5_1_5b_instruct")  # the paper's model
     prompts = per_category * len(CATEGORIES) if per_category else HELD_OUT
     shared = [*TASK, f"rewards.task.eval_per_category={per_category}",
-              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}",
-              f"trainer.eval_samples={SAMPLES[at]}"]
-    return warm.Plan(root=REPORTS / NAME / "runs", sft=(*model, WARM_REWARDS, *shared, *sft, "trainer.seed=0"),
-                     train=(*model, ARM_REWARDS, *shared, *rl, "trainer.eval_at_start=false"),
+              f"trainer.max_new_tokens={MAX_NEW_TOKENS[at]}", f"trainer.eval_prompts={prompts}"]
+    return warm.Plan(root=REPORTS / NAME / "runs",
+                     sft=(*model, WARM_REWARDS, *shared, f"trainer.eval_samples={WARM_SAMPLES[at]}", *sft,
+                          "trainer.seed=0"),
+                     train=(*model, ARM_REWARDS, *shared, f"trainer.eval_samples={SAMPLES[at]}", *rl,
+                            "trainer.eval_at_start=false"),
                      sweeps=tuple(warm.Sweep(f"arms_{arm}", (f"algo={arm}", f"trainer.seed={SEEDS}")) for arm in ARMS),
                      thinking=warm.has_thinking(model), eval_prompts=prompts)
 
