@@ -321,12 +321,14 @@ class Actor(nn.Module):
         cache = empty_cache(self.policy)
         head = decoder(input_ids=input_ids[first, :W], attention_mask=attention_mask[first, :W],
                        position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
-        # The completions run in buckets of rows of similar length, each to its own longest: a row is not computed
-        # past its end for the sake of a longer row in another bucket (rows of a bucket see the same keys as before,
-        # so each row's states are the one-batch states).  Positions past a bucket's width are zeros: padding.
+        # On a CPU the completions run in buckets of rows of similar length, each to its own longest: a row is not
+        # computed past its end for the sake of a longer row in another bucket (rows of a bucket see the same keys
+        # as before, so each row's states are the one-batch states).  Positions past a bucket's width are zeros:
+        # padding.  On a GPU, where padding costs less than another forward's launches, one bucket (not measured).
         tail_columns = torch.arange(1, input_ids.shape[1] - W + 1, device=input_ids.device)
         lengths = (attention_mask[:, W:] * tail_columns).amax(1)  # [N] each row's last attended column + 1
-        buckets = length_buckets(lengths, BUCKET_COST)
+        buckets = length_buckets(lengths, BUCKET_COST) if input_ids.device.type == "cpu" \
+            else [torch.arange(len(lengths), device=lengths.device)]
         states = []
         for rows in buckets:
             width = max(1, int(lengths[rows].max()))
@@ -340,7 +342,7 @@ class Actor(nn.Module):
         return torch.cat([head.last_hidden_state[row_prompt, -1:], torch.cat(states)[order]], 1)
 
 
-BUCKET_COST = 16  # what another forward of the completions costs, in tokens computed (fixed per-call work)
+BUCKET_COST = 16  # what another forward of the completions costs on a CPU, in tokens computed (fixed per-call work)
 
 
 def length_buckets(lengths: torch.Tensor, cost: int) -> list[torch.Tensor]:
