@@ -249,15 +249,16 @@ def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(mon
 
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-6), (torch.float64, 1e-13)])
-def test_cascade_attention_is_the_attention_over_all_keys(dtype, tolerance):
+@pytest.mark.parametrize("n", [1, 2])  # a decode step (cascade); a turn's first call (SDPA over the copies)
+def test_cascade_attention_is_the_attention_over_all_keys(dtype, tolerance, n):
     """SharedPrefixKV.attend (each prompt's keys read once for its rows) against SDPA over every row's own copy of
     its prompt's keys and its own: 3 prompts of 5 cached positions (one all padding: a one-token prompt in a wider
-    batch), rows 3, 1 and 2 of them in a shuffled order, 2 queries a row (causal among the own keys), 6 query
+    batch), rows 3, 1 and 2 of them in a shuffled order, `n` queries a row (causal among the own keys), 6 query
     heads on 2 KV heads; then again after dropping rows (every row of prompt 1 among them)."""
     gen = torch.Generator().manual_seed(0)
     prompts, kv_heads, heads, dim, cached, own = 3, 2, 6, 4, 5, 4
     groups = torch.tensor([2, 0, 1, 0, 2, 0])
-    rows, n = len(groups), 2
+    rows = len(groups)
     randn = lambda *shape: torch.randn(*shape, generator=gen, dtype=dtype)  # noqa: E731
     layers = [SimpleNamespace(keys=randn(prompts, kv_heads, cached, dim), values=randn(prompts, kv_heads, cached, dim))]
     prompt_allowed = torch.tensor([[0, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[groups]

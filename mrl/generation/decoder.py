@@ -424,9 +424,15 @@ class SharedPrefixKV(KVBuffers):
     def attend(self, layer: int, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float) -> Tensor:
         """Attention of q [A, heads, n, D] over the row's prompt (shared) and its own keys, values [A, KV heads, S,
         D] under `mask` [A, 1, n, C + S] -> [A, n, heads, D], query head h reading KV head h // (heads / KV heads)
-        (HF's `repeat_kv` layout).  Each part's softmax is computed apart and the two merged by their maxima and
-        sums: the one softmax over all keys, to float rounding."""
+        (HF's `repeat_kv` layout).  A decode step (n = 1) computes each part's softmax apart and merges the two by
+        their maxima and sums: the one softmax over all keys, to float rounding."""
         rows, heads, n, dim = q.shape
+        if n > 1:  # a turn's first call (the prompt's last token, a transcript so far): once, through SDPA's kernel,
+            # whose memory grows with n where the scores below would grow with n^2
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, torch.cat([self.prefix_keys[layer][self.groups], keys], 2),
+                torch.cat([self.prefix_values[layer][self.groups], values], 2), attn_mask=mask, scale=scale,
+                enable_gqa=heads != keys.shape[1]).transpose(1, 2)
         kv_heads = keys.shape[1]
         per_kv = heads // kv_heads
         prompts = len(self.prefix_keys[layer])
