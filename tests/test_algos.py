@@ -154,8 +154,11 @@ def test_log_probs_are_those_of_the_sampling_distribution(make_cfg):
                                      T + 1)
         logprobs, entropy, _ = policy_forward(actor, batch, 0.7, entropy=True)
     logp = torch.log_softmax(raw_logits[:, :-1] / 0.7, -1)  # [N, T, V]
-    torch.testing.assert_close(logprobs, logp.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1))
-    torch.testing.assert_close(entropy, -(logp.exp() * logp).sum(-1))
+    generated = batch.completion_mask.bool()  # scored; padding and observations get 0 (policy_forward)
+    expected = logp.gather(2, batch.completion_ids.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logprobs[generated], expected[generated])
+    torch.testing.assert_close(entropy[generated], -(logp.exp() * logp).sum(-1)[generated])
+    assert generated.sum() > 0 and (logprobs[~generated] == 0).all() and (entropy[~generated] == 0).all()
 
 
 # ---------------------------------------------------------------------------------------- dynamic sampling
