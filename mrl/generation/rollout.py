@@ -26,7 +26,7 @@ from mrl.core.distributed import warn
 from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.generation.captured import captured_decoder, first_use_check
 from mrl.generation.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
-from mrl.modeling.models import cache_kwarg, copied, empty_cache, hf_model, position_ids
+from mrl.modeling.models import cache_kwarg, empty_cache, hf_model, position_ids, rows_of
 
 
 @dataclass
@@ -274,11 +274,7 @@ def prompt_cache(model, prompt_ids: Tensor, prompt_mask: Tensor, shared: int = 0
 
 def _rows_of(cache, rows: Tensor):
     """A copy of `cache` holding its rows `rows` [A] (groups' shared prompts -> one row per rollout)."""
-    if cache is None:
-        return None
-    rows_cache = copied(cache)
-    rows_cache.batch_select_indices(rows)  # new tensors per layer: the shared cache stays as it was
-    return rows_cache
+    return None if cache is None else rows_of(cache, rows)
 
 
 def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tensor:

@@ -332,8 +332,7 @@ class Actor(nn.Module):
         states = []
         for rows in buckets:
             width = max(1, int(lengths[rows].max()))
-            bucket_cache = cache if len(buckets) == 1 else copied(cache)
-            bucket_cache.batch_select_indices(row_prompt[rows])  # [U, ...] -> [n, ...], differentiable
+            bucket_cache = rows_of(cache, row_prompt[rows])  # [U, ...] -> [n, ...], differentiable
             tail = decoder(input_ids=input_ids[rows, W:W + width], attention_mask=attention_mask[rows, :W + width],
                            position_ids=position_ids[rows, W:W + width], use_cache=True,
                            **{cache_kwarg(decoder): bucket_cache}).last_hidden_state  # [n, width, H]
@@ -373,11 +372,13 @@ def length_buckets(lengths: torch.Tensor, cost: int) -> list[torch.Tensor]:
     return [order[i:j] for i, j in reversed(cuts)]
 
 
-def copied(cache):
-    """A cache of the same keys and values that later writes leave `cache` untouched (a layer's update and
-    batch_select_indices rebind its tensors: copies of the layer objects suffice)."""
+def rows_of(cache, rows: torch.Tensor):
+    """A copy of `cache` holding its rows `rows` [A] (a group's shared prompt -> one row per rollout); `cache`
+    stays as it was (a layer's update and batch_select_indices rebind its tensors: copies of the layer objects
+    suffice).  Differentiable."""
     twin = copy.copy(cache)
     twin.layers = [copy.copy(layer) for layer in cache.layers]
+    twin.batch_select_indices(rows)
     return twin
 
 
