@@ -209,6 +209,7 @@ def test_paper_bfcl_writes_the_table_verdict_csvs_and_figure(reports, monkeypatc
     monkeypatch.setattr(warm, "mrl", FakeMrl(finals, bfcl_eval(0.35, 0.85)))
     monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)  # plotly's page: tested in test_report_html
     monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 4)  # the fake runs' mean@4
+    monkeypatch.setattr(paper_bfcl, "SEEDS", "0,1,2")  # the fake's three seeds, whatever the plan's
     paper_bfcl.main()
     out = reports / "paper" / "bfcl"
     summary = (out / "summary.md").read_text()
@@ -244,6 +245,7 @@ def test_paper_bfcl_judges_the_greedy_episodes_when_no_samples_are_drawn(reports
     monkeypatch.setattr(warm, "mrl", lambda args: (threads.append(os.environ.get("OMP_NUM_THREADS")), fake(args)))
     monkeypatch.setattr(warm, "write_html", lambda plan, out, title: out)
     monkeypatch.setitem(paper_bfcl.SAMPLES, "cpu", 0)
+    monkeypatch.setattr(paper_bfcl, "SEEDS", "0,1,2")
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setenv("OMP_NUM_THREADS", "unset")
     monkeypatch.delenv("OMP_NUM_THREADS")
@@ -358,7 +360,8 @@ def test_every_command_of_the_plan_composes(target, scale, monkeypatch):
                 assert cfg.trainer.max_steps % cfg.trainer.eval_every == 0  # the curve ends on the last step
     assert len(sizes) == 1
     if target == "paper_bfcl":
-        assert jobs == 6 and list(cfg.rewards.channels) == ["format", "correctness", "graded_correctness"]
+        assert jobs == len(module.ARMS) * len(module.SEEDS.split(",")) == 8  # the plan of 2026-12-06f: 4 seeds
+        assert list(cfg.rewards.channels) == ["format", "correctness", "graded_correctness"]
         assert [cfg.rewards.channels[c].weight for c in cfg.rewards.channels] == [1.0, 0.0, 1.0]  # the paper's sum
         assert list(cfg.rewards.task.categories) == ["simple_python", "multiple", "parallel"]
     else:

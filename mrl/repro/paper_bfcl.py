@@ -31,7 +31,7 @@ from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdic
 NAME = "paper/bfcl"
 CATEGORIES = ("simple_python", "multiple", "parallel")
 ARMS = ("grpo", "gdpo")
-SEEDS = "3,4,5"  # the plan of 2026-12-06e: seeds its hypothesis was not drawn from (plan c ran 0, 1, 2)
+SEEDS = "6,7,8,9"  # the plan of 2026-12-06f: four new seeds (plan c ran 0, 1, 2 and plan e 3, 4, 5)
 HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
 TASK = [f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
