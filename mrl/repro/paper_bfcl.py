@@ -5,7 +5,7 @@ The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, after Tool
 calls of declared functions: 1/0) and a graded correctness in [-3, 3] (right functions, parameter names and values),
 summed at equal weights, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format 76.3% -> 80.7%).
 Here: one `mrl sft` checkpoint on the train split of simple_python, multiple and parallel (`rewards=bfcl`; SmolLM2
-makes no right call before it, so every group would be dead), then grpo and gdpo x 3 seeds from it at the same steps,
+makes no right call before it, so every group would be dead), then grpo and gdpo x 4 seeds from it at the same steps,
 prompts and group size on those two channels (`rewards=bfcl_paper`: format and ToolRL's graded correctness, BFCL's own
 verdict scored as the pass channel at weight 0; right_functions and no_call dropped); every one of the 170 held-out
 records, at both scales, scored greedy and k times sampled (mean@k; k = 2 at SCALE=cpu, 8 at SCALE=gpu) every
@@ -106,7 +106,7 @@ def verdict_rows(table: dict[str, dict[str, list[float]]], runs, samples: int) -
 
 
 def main() -> None:
-    """Run the setting: the warm start (reused when intact), both arms x 3 seeds; write reports/paper/bfcl/."""
+    """Run the setting: the warm start (reused when intact), both arms x the seeds; write reports/paper/bfcl/."""
     the_plan, out, start = plan(), REPORTS / NAME, time.perf_counter()
     recorded, reused = warm.ensure_warm_start(the_plan)
     runs = warm.run_sweeps(the_plan, keep_checkpoints=the_plan.thinking)
