@@ -7,12 +7,16 @@
 Each config runs `mrl train ... trainer.max_steps=2` in a fresh process with one thread (so the sums are added in
 the same order both times) and keeps its metrics.jsonl without the timing and memory keys (`perf/`, `mem/`), which
 differ on every run.  `compare` prints each config that differs, with the first differing key, and exits 1 if any does.
+It is exact unless told otherwise: `compare --rtol 1e-5` lets numbers differ by fp32 rounding (a change of kernels
+adds sums in another order: ~1e-7 relative), and prints each config's largest relative change; another token
+sampled, a count or a reward changed still differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -73,18 +77,39 @@ def record(out: Path, only: list[str]) -> int:
     return 1 if failed else 0
 
 
-def first_difference(before: list[dict], after: list[dict]) -> str | None:
+def close(before, after, rtol: float) -> bool:
+    """Equal, or with `rtol` > 0 two floats within rtol of each other (relative, or absolute near 0): a change of
+    kernels rounds fp32 sums differently (~1e-7), where a changed behaviour (another token sampled, a reward or a
+    count changed) moves a metric by far more."""
+    if before == after:
+        return True
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, after))
+    return rtol > 0 and numbers and math.isclose(before, after, rel_tol=rtol, abs_tol=rtol)
+
+
+def first_difference(before: list[dict], after: list[dict], rtol: float = 0.0) -> str | None:
     if len(before) != len(after):
         return f"{len(before)} rows before, {len(after)} after"
     for row_before, row_after in zip(before, after):
         for key in sorted(set(row_before) | set(row_after)):
-            if row_before.get(key, "<absent>") != row_after.get(key, "<absent>"):
+            if not close(row_before.get(key, "<absent>"), row_after.get(key, "<absent>"), rtol):
                 return (f"step {row_before.get('step')}: {key} = {row_before.get(key, '<absent>')!r} before, "
                         f"{row_after.get(key, '<absent>')!r} after")
     return None
 
 
-def compare(before_dir: Path, after_dir: Path) -> int:
+def largest_change(before: list[dict], after: list[dict]) -> float:
+    """The largest relative difference between two recordings' numbers (0.0 where they are identical)."""
+    largest = 0.0
+    for row_before, row_after in zip(before, after):
+        for key, value in row_before.items():
+            other = row_after.get(key)
+            if value != other and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, other)):
+                largest = max(largest, abs(value - other) / max(abs(value), abs(other)))
+    return largest
+
+
+def compare(before_dir: Path, after_dir: Path, rtol: float = 0.0) -> int:
     differing = 0
     for before_file in sorted(before_dir.glob("*.json")):
         after_file = after_dir / before_file.name
@@ -92,8 +117,12 @@ def compare(before_dir: Path, after_dir: Path) -> int:
             print(f"{before_file.stem}: missing after")
             differing += 1
             continue
-        difference = first_difference(json.loads(before_file.read_text()), json.loads(after_file.read_text()))
-        print(f"{before_file.stem}: {'same' if difference is None else 'DIFFERS: ' + difference}")
+        before, after = json.loads(before_file.read_text()), json.loads(after_file.read_text())
+        difference = first_difference(before, after, rtol)
+        change = largest_change(before, after)
+        verdict = "DIFFERS: " + difference if difference is not None else \
+            "same" if change == 0 else f"same within rtol (largest relative change {change:.1e})"
+        print(f"{before_file.stem}: {verdict}")
         differing += difference is not None
     return 1 if differing else 0
 
@@ -107,10 +136,12 @@ def main() -> int:
     cmp = sub.add_parser("compare", help="compare two recordings")
     cmp.add_argument("before", type=Path)
     cmp.add_argument("after", type=Path)
+    cmp.add_argument("--rtol", type=float, default=0.0,
+                     help="numbers may differ by this much, relative (a kernel change's fp32 rounding: 1e-5); 0: exact")
     args = parser.parse_args()
     if args.command == "record":
         return record(args.out, args.only)
-    return compare(args.before, args.after)
+    return compare(args.before, args.after, args.rtol)
 
 
 if __name__ == "__main__":
