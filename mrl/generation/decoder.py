@@ -436,32 +436,31 @@ class SharedPrefixKV(KVBuffers):
         kv_heads = keys.shape[1]
         per_kv = heads // kv_heads
         prompts = len(self.prefix_keys[layer])
-        # The prompt part: a prompt's rows' queries side by side, [U, KV, R * per_kv * n, D] against its C keys.
-        grouped = q.new_zeros(prompts, self.width, heads, n, dim)
-        grouped[self.groups, self.slots] = q
-        grouped = grouped.view(prompts, self.width, kv_heads, per_kv * n, dim).transpose(1, 2)
+        # The prompt part: a prompt's rows' queries side by side, [U, KV, R * per_kv, D] against its C keys.
+        grouped = q.new_zeros(prompts, self.width, heads, dim)
+        grouped[self.groups, self.slots] = q[:, :, 0]
+        grouped = grouped.view(prompts, self.width, kv_heads, per_kv, dim).transpose(1, 2)
         grouped = grouped.reshape(prompts, kv_heads, -1, dim)
-        scores = torch.matmul(grouped, self.prefix_keys[layer].transpose(-1, -2)).mul_(scale)  # [U, KV, R*p*n, C]
+        scores = torch.matmul(grouped, self.prefix_keys[layer].transpose(-1, -2)).mul_(scale)  # [U, KV, R*p, C]
         scores.masked_fill_(~self.prefix_mask, -torch.inf)
         top = scores.amax(-1, keepdim=True).clamp_(min=torch.finfo(scores.dtype).min)  # a prompt of padding: 0
         weights = scores.sub_(top).exp_()
         prompt_sum = weights.sum(-1, keepdim=True)
         prompt_out = torch.matmul(weights, self.prefix_values[layer])  # unnormalized
-        # Back to rows: [A, KV, per_kv * n, ...]
-        def to_rows(x: Tensor) -> Tensor:
-            x = x.view(prompts, kv_heads, self.width, per_kv * n, x.shape[-1]).transpose(1, 2)
+
+        def to_rows(x: Tensor) -> Tensor:  # [U, KV, R * per_kv, ...] -> [A, KV, per_kv, ...]
+            x = x.view(prompts, kv_heads, self.width, per_kv, x.shape[-1]).transpose(1, 2)
             return x[self.groups, self.slots]
         prompt_out, prompt_sum, top = to_rows(prompt_out), to_rows(prompt_sum), to_rows(top)
-        # The row's own part, [A, KV, per_kv * n, S], every query seeing at least itself.
-        own = torch.matmul(q.reshape(rows, kv_heads, per_kv * n, dim), keys.transpose(-1, -2)).mul_(scale)
-        own_mask = mask[:, :, :, self.prefix:].expand(rows, per_kv, n, -1).reshape(rows, 1, per_kv * n, -1)
-        own.masked_fill_(~own_mask, -torch.inf)
+        # The row's own part, [A, KV, per_kv, S], every query seeing at least itself.
+        own = torch.matmul(q.reshape(rows, kv_heads, per_kv, dim), keys.transpose(-1, -2)).mul_(scale)
+        own.masked_fill_(~mask[:, :, :, self.prefix:], -torch.inf)  # [A, 1, 1, S]: the same for every head
         most = torch.maximum(top, own.amax(-1, keepdim=True))
         own_weights = own.sub_(most).exp_()
         prompt_scale = (top - most).exp_()
         total = own_weights.sum(-1, keepdim=True).add_(prompt_sum * prompt_scale)
-        out = torch.matmul(own_weights, values).add_(prompt_out * prompt_scale).div_(total)  # [A, KV, p*n, D]
-        return out.view(rows, heads, n, dim).transpose(1, 2)
+        out = torch.matmul(own_weights, values).add_(prompt_out * prompt_scale).div_(total)  # [A, KV, per_kv, D]
+        return out.view(rows, heads, 1, dim).transpose(1, 2)
 
     def select(self, rows: Tensor, end: int) -> None:
         super().select(rows, end - self.prefix)
