@@ -77,14 +77,18 @@ def record(out: Path, only: list[str]) -> int:
     return 1 if failed else 0
 
 
+def number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def close(before, after, rtol: float) -> bool:
-    """Equal, or with `rtol` > 0 two floats within rtol of each other (relative, or absolute near 0): a change of
-    kernels rounds fp32 sums differently (~1e-7), where a changed behaviour (another token sampled, a reward or a
-    count changed) moves a metric by far more."""
+    """Equal, or with `rtol` > 0 two numbers, one of them a float, within rtol of each other (relative, or absolute
+    near 0): a change of kernels rounds fp32 sums differently (~1e-7), where a changed behaviour (another token
+    sampled, a reward changed) moves a metric by far more.  Integers (counts) stay exact."""
     if before == after:
         return True
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, after))
-    return rtol > 0 and numbers and math.isclose(before, after, rel_tol=rtol, abs_tol=rtol)
+    floats = number(before) and number(after) and float in (type(before), type(after))
+    return rtol > 0 and floats and math.isclose(before, after, rel_tol=rtol, abs_tol=rtol)
 
 
 def first_difference(before: list[dict], after: list[dict], rtol: float = 0.0) -> str | None:
@@ -104,7 +108,7 @@ def largest_change(before: list[dict], after: list[dict]) -> float:
     for row_before, row_after in zip(before, after):
         for key, value in row_before.items():
             other = row_after.get(key)
-            if value != other and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, other)):
+            if value != other and number(value) and number(other):
                 largest = max(largest, abs(value - other) / max(abs(value), abs(other)))
     return largest
 

@@ -31,6 +31,9 @@ def test_changed_behaviour_differs_within_the_tolerance():
         after = [{**BEFORE[0], key: value}]
         assert same_behaviour.first_difference(BEFORE, after, rtol=1e-5).startswith(f"step 1: {key} = ")
     assert same_behaviour.first_difference(BEFORE, [{**BEFORE[0], "loss": 5e-6}], rtol=1e-5) is None
+    counts = [{"step": 1, "tokens": 200_000}]  # a count one apart is a changed behaviour, however large
+    assert same_behaviour.first_difference(counts, [{"step": 1, "tokens": 200_001}], rtol=1e-5) == \
+        "step 1: tokens = 200000 before, 200001 after"
     assert same_behaviour.first_difference(BEFORE, [{**BEFORE[0], "extra": 1}], rtol=1e-5) == \
         "step 1: extra = '<absent>' before, 1 after"
     assert same_behaviour.first_difference(BEFORE, BEFORE * 2, rtol=1e-5) == "1 rows before, 2 after"
