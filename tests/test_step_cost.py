@@ -350,7 +350,6 @@ def test_bench_step_starts_where_train_bfcl_rl_starts(tmp_path, monkeypatch):
     assert len(calls) == 2  # reused
 
 
-
 def test_keep_freed_memory_sets_glibcs_thresholds_unless_the_user_has(monkeypatch):
     """glibc's mmap threshold (M_MMAP_THRESHOLD, -3) and trim threshold (M_TRIM_THRESHOLD, -1) both set to the
     largest int; nothing set where the environment sets them itself, or where the C library has no mallopt.  (The
