@@ -109,7 +109,7 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
     {"num_key_value_heads": 4},  # no grouped-query attention
     {"num_key_value_heads": 1},
     {"attn_implementation": "eager"},
-    {"intermediate_size": 8192, "vocab_size": 8192, "mlp_bias": True},  # MLP and output layer by skinny_linear
+    {"intermediate_size": 16384, "vocab_size": 16384, "mlp_bias": True},  # MLP and output layer by skinny_linear
 ], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager", "skinny"])
 def test_llama_variants_draw_the_same_tokens(variant):
     model = family_model("llama", **variant)
@@ -300,26 +300,27 @@ def test_skinny_linear_is_the_linear_layer(bias):
 
 
 def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
-    """A model with 64 x 4096 MLP weights (2^18 elements): the decoder takes its gate, up and down projections and
-    nothing smaller; none under the model's bf16 autocast, none that carries a hook (ZeRO-3 gathers through hooks),
-    and no adapter's wrapper."""
+    """A model with 64 x 8192 MLP weights (2^19 elements): the decoder takes its gate, up and down projections and
+    nothing smaller (none of a model with 64 x 4096 MLP weights); none under the model's bf16 autocast, none that
+    carries a hook (ZeRO-3 gathers through hooks), and no adapter's wrapper."""
     from peft import LoraConfig, get_peft_model
 
     from mrl.modeling.precision import Precision, compute_in
 
-    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    model = family_model("llama", hidden_size=64, intermediate_size=8192)
     mlps = [layer.mlp for layer in model.model.layers]
     projections = {p for mlp in mlps for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)}
     assert skinny_linears(model) == projections
+    assert skinny_linears(family_model("llama", hidden_size=64, intermediate_size=4096)) == set()
     hook = mlps[0].up_proj.register_forward_pre_hook(lambda module, args: None)
     assert skinny_linears(model) == projections - {mlps[0].up_proj}
     hook.remove()
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["up_proj"]))
     assert not {mlp.up_proj for mlp in mlps} & skinny_linears(peft_model)
-    bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
+    bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=8192),
                       Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
     assert skinny_linears(bf16) == set()
-    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    model = family_model("llama", hidden_size=64, intermediate_size=8192)
     replaced = model.model.layers[1].mlp.down_proj
     replaced.forward = lambda x: torch.nn.Linear.forward(replaced, x)  # as accelerate's hooks replace forwards
     assert replaced not in skinny_linears(model) and len(skinny_linears(model)) == 5
@@ -332,10 +333,11 @@ def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
 
 def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_rows(monkeypatch):
     """The MLP formula is written out (its projections by skinny_linear) for a family's own MLP class without hooks:
-    an MLP with a hook is called, and its hook runs.  Past SKINNY_MAX_ROWS rows a projection is the module's call."""
+    an MLP with a hook is called, and its hook runs.  Under SKINNY_MIN_ROWS rows and past SKINNY_MAX_ROWS a
+    projection is the module's call."""
     import mrl.generation.decoder
 
-    model = family_model("llama", hidden_size=64, intermediate_size=4096)
+    model = family_model("llama", hidden_size=64, intermediate_size=8192)
     mlps = [layer.mlp for layer in model.model.layers]
     assert NativeDecoder(model).skinny_mlps == set(mlps)
     seen = []
@@ -349,8 +351,11 @@ def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_ro
     up = mlps[1].up_proj
     decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MAX_ROWS + 1, 64))
     assert spied == []
-    decoder._project(up, torch.randn(8, 1, 64))
-    assert spied == [(8, 1, 64)]
+    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MIN_ROWS - 1, 1, 64))
+    assert spied == []
+    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MIN_ROWS, 1, 64))
+    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MAX_ROWS, 64))
+    assert spied == [(mrl.generation.decoder.SKINNY_MIN_ROWS, 1, 64), (mrl.generation.decoder.SKINNY_MAX_ROWS, 64)]
 
 
 def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():

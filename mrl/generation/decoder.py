@@ -97,14 +97,18 @@ def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
 # The native decoder stops computing finished rows once at most this share of the rows it computes is unfinished:
 # dropping rows copies their keys and values, so it waits until a quarter has finished, not one row at a time.
 COMPACT_AT = 0.75
-SKINNY_MIN_WEIGHT = 2 ** 18  # elements: weights of 1 MiB and more in float32, read from memory at every token
-SKINNY_MAX_ROWS = 256  # measured faster at 8 to 64 rows, even at 256; beyond (a long turn's first step) F.linear
+# skinny_linear's range, measured on 2 EPYC cores, one thread, weights read from memory (docs/measured.md, "Where the
+# rollout's time goes next"): for weights of 2 MiB and more in float32 (SmolLM2's MLP and output layer; its 576 x 576
+# attention projections are faster by F.linear at every row count), from 7 rows (below, F.linear is 0.4-0.95x its
+# time: a product of 2-3 columns is half as fast as one of 1) to 256 (beyond: a long turn's first step, F.linear).
+SKINNY_MIN_WEIGHT = 2 ** 19  # elements
+SKINNY_MIN_ROWS, SKINNY_MAX_ROWS = 7, 256
 
 
 def skinny_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
     """`linear(x)` for x [..., in] of few rows, computed as (W @ x^T)^T.  On a CPU, MKL multiplies a row-major weight
-    by a few columns faster than it multiplies a few rows by the weight's transpose, as `F.linear` does: at 8 to 64
-    rows, 0.6-0.8x the time for SmolLM2's MLP weights out of cache, with no copy of the weight."""
+    by a few columns faster than it multiplies a few rows by the weight's transpose, as `F.linear` does, with no copy
+    of the weight: for SmolLM2's MLP and output layer, in the range above SKINNY_MIN_ROWS."""
     rows = x.reshape(-1, x.shape[-1])
     if linear.bias is None:
         out = torch.mm(linear.weight, rows.T)
@@ -339,7 +343,7 @@ class NativeDecoder:
         return out.transpose(1, 2)
 
     def _project(self, linear: torch.nn.Module, x: Tensor) -> Tensor:
-        if linear in self.skinny and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
+        if linear in self.skinny and SKINNY_MIN_ROWS * x.shape[-1] <= x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
             return skinny_linear(linear, x)
         return linear(x)
 
