@@ -124,7 +124,7 @@ def decoder_calls(model, request, cached: bool) -> list[tuple[int, int]]:
     def record(_module, args, kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if kwargs.get("use_cache") and cache is not None and (cache.get_seq_length() > 0) == cached:
-            calls.append(tuple(kwargs["input_ids"].shape))
+            calls.append(tuple(kwargs["inputs_embeds"].shape[:2]))  # the update looks the ids up itself
 
     request.addfinalizer(model.get_decoder().register_forward_pre_hook(record, with_kwargs=True).remove)
     return calls
@@ -206,7 +206,7 @@ def prompt_passes(actor: Actor) -> list[int]:
     def count(_module, args, kwargs):
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
         if kwargs.get("use_cache") and cache is not None and cache.get_seq_length() == 0:
-            passes.append(kwargs["input_ids"].shape[0])
+            passes.append(kwargs["inputs_embeds"].shape[0])
 
     actor.policy.get_decoder().register_forward_pre_hook(count, with_kwargs=True)
     return passes
@@ -214,18 +214,23 @@ def prompt_passes(actor: Actor) -> list[int]:
 
 def test_the_bfcl_steps_update_runs_each_prompt_once(tiny):
     """`make train-bfcl`'s shape: 4 prompts x 6 rollouts in micro-batches of 12 -> 4 prompt passes a step (row
-    shuffling cut ~8: a micro-batch of 12 random rows holds ~4 prompts), whatever the draw."""
+    shuffling cut ~8: a micro-batch of 12 random rows holds ~4 prompts), whatever the draw; and one embedding lookup
+    a micro-batch (each lookup's backward fills a gradient as large as the embedding), not one per decoder call."""
     lengths = [[64 - 9 * r for r in range(6)] for _ in range(4)]
     batch = batch_of(4, 6, [5, 3, 4, 2], lengths, 6, 64)
     mask = batch.completion_mask.float()
     cfg = compose_config("trainer.micro_batch_size=12", "trainer.num_mini_batches=1", "algo.epochs=1")
     actor = Actor(tiny)
     passes = prompt_passes(actor)
+    lookups = []
+    actor.policy.get_input_embeddings().register_forward_hook(lambda _module, args, out: lookups.append(out.shape))
     for seed in range(3):
         torch.manual_seed(seed)
         passes.clear()
+        lookups.clear()
         update(algo_settings(cfg), GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
         assert len(passes) == 2 and sum(passes) == 4  # two micro-batches of two groups each: 4 distinct prompts
+        assert len(lookups) == 2
 
 
 def test_the_decoder_stops_computing_finished_rows_and_draws_the_same_tokens(monkeypatch):
