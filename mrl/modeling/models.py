@@ -318,16 +318,6 @@ class Actor(nn.Module):
         rows = torch.arange(len(row_prompt), device=row_prompt.device)
         first = torch.full_like(rows[: len(distinct)], len(rows)).scatter_reduce(0, row_prompt, rows, "amin")  # [U]
         decoder = self.policy.get_decoder()
-        # Every id of the forward (the distinct prompts, then every row's tail) looked up in one call, where each of
-        # the decoder's calls would look up its own: the lookup's backward fills a dense gradient of the whole
-        # embedding, once per call (SmolLM2: 49,152 x 576, 113 MB, ~60 ms each at ten calls a step, measured).
-        prompt_ids, tail_ids = input_ids[first, :W], input_ids[:, W:]
-        embedded = decoder.get_input_embeddings()(torch.cat([prompt_ids.flatten(), tail_ids.flatten()]))
-        prompt_embeds = embedded[:prompt_ids.numel()].view(*prompt_ids.shape, -1)  # [U, W, H]
-        tail_embeds = embedded[prompt_ids.numel():].view(*tail_ids.shape, -1)  # [N, L - W, H]
-        cache = empty_cache(self.policy)
-        head = decoder(inputs_embeds=prompt_embeds, attention_mask=attention_mask[first, :W],
-                       position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
         # On a CPU the completions run in buckets of rows of similar length, each to its own longest: a row is not
         # computed past its end for the sake of a longer row in another bucket (rows of a bucket see the same keys
         # as before, so each row's states are the one-batch states).  Positions past a bucket's width are zeros:
@@ -336,11 +326,21 @@ class Actor(nn.Module):
         lengths = (attention_mask[:, W:] * tail_columns).amax(1)  # [N] each row's last attended column + 1
         buckets = length_buckets(lengths, BUCKET_COST) if input_ids.device.type == "cpu" \
             else [torch.arange(len(lengths), device=lengths.device)]
+        widths = [max(1, int(lengths[rows].max())) for rows in buckets]
+        # The ids every decoder call computes (the distinct prompts, then each bucket's tails) looked up in one call,
+        # where each call would look up its own: a lookup's backward fills a dense gradient of the whole embedding
+        # (SmolLM2: 49,152 x 576, 113 MB: ~60 ms each, at ten calls a step; measured).
+        ids = [input_ids[first, :W], *(input_ids[rows, W:W + width] for rows, width in zip(buckets, widths))]
+        embedded = decoder.get_input_embeddings()(torch.cat([part.flatten() for part in ids]))  # [tokens, H]
+        prompt_embeds, *tail_embeds = [flat.view(*part.shape, -1)
+                                       for flat, part in zip(embedded.split([part.numel() for part in ids]), ids)]
+        cache = empty_cache(self.policy)
+        head = decoder(inputs_embeds=prompt_embeds, attention_mask=attention_mask[first, :W],
+                       position_ids=position_ids[first, :W], use_cache=True, **{cache_kwarg(decoder): cache})
         states = []
-        for rows in buckets:
-            width = max(1, int(lengths[rows].max()))
+        for rows, width, embeds in zip(buckets, widths, tail_embeds):
             bucket_cache = rows_of(cache, row_prompt[rows])  # [U, ...] -> [n, ...], differentiable
-            tail = decoder(inputs_embeds=tail_embeds[rows, :width], attention_mask=attention_mask[rows, :W + width],
+            tail = decoder(inputs_embeds=embeds, attention_mask=attention_mask[rows, :W + width],
                            position_ids=position_ids[rows, W:W + width], use_cache=True,
                            **{cache_kwarg(decoder): bucket_cache}).last_hidden_state  # [n, width, H]
             states.append(nn.functional.pad(tail, (0, 0, 0, input_ids.shape[1] - W - width)))
