@@ -176,7 +176,7 @@ repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs g
 # ones (SETTINGS=toy: tool_call, math_length, code on the tiny model, ~35 min alone).  Sizes: docs/reproductions.md.
 repro-paper: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 repro-paper: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-repro-paper: $(STAMP) ## The GDPO paper's BFCL setting from one warm start, grpo vs gdpo x 4 seeds, paired verdicts (SCALE=cpu: SmolLM2, seeds 6-9, greedy and 2 samples a record; JOBS=2: the two arms side by side, ~1 h 53 min with the warm start kept; SETTINGS=toy: the toy ones)
+repro-paper: $(STAMP) ## The GDPO paper's BFCL setting from one warm start, grpo vs gdpo x 3 seeds, paired verdicts (SCALE=cpu: SmolLM2, seeds 10-12, greedy and 2 samples a record; JOBS=2: the two arms side by side, ~1 h 30 min with the warm start made; SETTINGS=toy: the toy ones)
 	@[ "$$SCALE" != cpu ] || [ -n "$$SETTINGS" -a "$${SETTINGS#*bfcl}" = "$$SETTINGS" ] || [ -f $(SMOLLM2)/model.safetensors ] \
 		|| $(MAKE) smollm2
 	JOBS=$(JOBS) $(BIN)/python -m mrl.repro.paper

@@ -5,7 +5,7 @@ The paper trains Qwen2.5-Instruct with GRPO and GDPO on two channels, after Tool
 calls of declared functions: 1/0) and a graded correctness in [-3, 3] (right functions, parameter names and values),
 summed at equal weights, and reports GDPO ahead on both (BFCL average 30.2 -> 32.8, correct format 76.3% -> 80.7%).
 Here: one `mrl sft` checkpoint on the train split of simple_python, multiple and parallel (`rewards=bfcl`; SmolLM2
-makes no right call before it, so every group would be dead), then grpo and gdpo x 4 seeds from it at the same steps,
+makes no right call before it, so every group would be dead), then grpo and gdpo x 3 seeds from it at the same steps,
 prompts and group size on those two channels (`rewards=bfcl_paper`: format and ToolRL's graded correctness, BFCL's own
 verdict scored as the pass channel at weight 0; right_functions and no_call dropped); every one of the 170 held-out
 records, at both scales, scored greedy and k times sampled (mean@k; k = 2 at SCALE=cpu, 8 at SCALE=gpu) every
@@ -31,7 +31,7 @@ from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdic
 NAME = "paper/bfcl"
 CATEGORIES = ("simple_python", "multiple", "parallel")
 ARMS = ("grpo", "gdpo")
-SEEDS = "6,7,8,9"  # the plan of 2026-12-06f: four new seeds (plan c ran 0, 1, 2 and plan e 3, 4, 5)
+SEEDS = "10,11,12"  # the plan of 2026-12-06g: three new seeds (plan c ran 0-2, plan e 3-5, plan f 6-9)
 HELD_OUT = 170  # the three categories' held-out records (78 + 45 + 47 at eval_percent 20)
 TASK = [f"rewards.task.categories=[{','.join(CATEGORIES)}]", "~rewards.channels.right_functions",
         "~rewards.channels.no_call"]
@@ -44,7 +44,7 @@ SIZES = {
             ["sft.steps=6", "sft.batch_size=4", "sft.micro_batch_size=2", "sft.lr=2e-5",
              "trainer.eval_at_start=false"],
             ["trainer.max_steps=20", "trainer.eval_every=20", "trainer.prompts_per_step=2", "trainer.group_size=6",
-             "trainer.micro_batch_size=6", "trainer.lr=1e-5", "trainer.temperature=1.0"]),
+             "trainer.micro_batch_size=6", "trainer.lr=2e-5", "trainer.temperature=1.0"]),  # plan g: lr 2e-5
     "gpu": ([], 0,
             ["sft.steps=20", "sft.batch_size=16", "sft.micro_batch_size=8", "sft.lr=1e-5"],
             ["trainer.max_steps=150", "trainer.eval_every=25", "trainer.prompts_per_step=16",
