@@ -19,8 +19,9 @@ from mrl.generation.decoder import (
     NativeDecoder,
     inverse_cdf,
     multinomial,
-    skinny_linear,
-    skinny_linears,
+    pack,
+    packable_linears,
+    packed_linear,
     unsupported,
 )
 from mrl.generation.rollout import (
@@ -109,15 +110,15 @@ def test_native_decode_draws_the_tokens_hf_generate_draws(kind, cached):
     {"num_key_value_heads": 4},  # no grouped-query attention
     {"num_key_value_heads": 1},
     {"attn_implementation": "eager"},
-    {"intermediate_size": 16384, "vocab_size": 16384, "mlp_bias": True},  # MLP and output layer by skinny_linear
-], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager", "skinny"])
+    {"intermediate_size": 8192, "vocab_size": 8192, "mlp_bias": True},  # MLP and output layer by packed_linear
+], ids=["biases-untied", "rope-llama3", "rope-linear", "mha", "one-kv-head", "eager", "packed"])
 def test_llama_variants_draw_the_same_tokens(variant):
     model = family_model("llama", **variant)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0, 0.5)  # HF initializes biases to zero: a decoder that dropped them would pass
-    assert bool(NativeDecoder(model).skinny) == ("intermediate_size" in variant)
+    assert bool(NativeDecoder(model).packable) == ("intermediate_size" in variant)
     sampling = Sampling(12, temperature=0.9)
     assert torch.equal(draw(native_hf_draw, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
 
@@ -289,73 +290,93 @@ def test_the_native_decoders_own_draw_is_seeded_and_top_k_1_is_greedy():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_skinny_linear_is_the_linear_layer(bias):
-    """(W @ x^T)^T with the bias added: the layer's own output, for 2-d and 3-d inputs of few rows."""
+def test_packed_linear_is_the_linear_layer(bias):
+    """oneDNN's product with the weight packed, the bias added: the layer's own output, for 2-d and 3-d inputs of
+    few and many rows; and a pack is a copy, the weight as it was packed."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 40, bias=bias)
-    for x in (torch.randn(8, 24), torch.randn(8, 1, 24), torch.randn(3, 2, 24)):
-        out = skinny_linear(linear, x)
+    packed = pack(linear, 8)
+    for x in (torch.randn(8, 24), torch.randn(8, 1, 24), torch.randn(3, 2, 24), torch.randn(300, 24)):
+        out = packed_linear(x, packed, linear.bias)
         assert out.shape == linear(x).shape and out.is_contiguous()
         torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-6)
+    x = torch.randn(8, 24)
+    before = linear(x)
+    with torch.no_grad():
+        linear.weight.mul_(2)
+    torch.testing.assert_close(packed_linear(x, packed, linear.bias), before, rtol=1e-5, atol=1e-6)
 
 
-def test_skinny_linears_are_the_plain_large_float32_projections_on_a_cpu():
-    """A model with 64 x 8192 MLP weights (2^19 elements): the decoder takes its gate, up and down projections and
-    nothing smaller (none of a model with 64 x 4096 MLP weights); none under the model's bf16 autocast, none that
+def test_packable_linears_are_the_plain_large_float32_projections_on_a_cpu():
+    """A model with 64 x 4096 MLP weights (2^18 elements): the decoder packs its gate, up and down projections and
+    nothing smaller (none of a model with 64 x 2048 MLP weights); none under the model's bf16 autocast, none that
     carries a hook (ZeRO-3 gathers through hooks), and no adapter's wrapper."""
     from peft import LoraConfig, get_peft_model
 
     from mrl.modeling.precision import Precision, compute_in
 
-    model = family_model("llama", hidden_size=64, intermediate_size=8192)
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
     mlps = [layer.mlp for layer in model.model.layers]
     projections = {p for mlp in mlps for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)}
-    assert skinny_linears(model) == projections
-    assert skinny_linears(family_model("llama", hidden_size=64, intermediate_size=4096)) == set()
+    assert packable_linears(model) == projections
+    assert packable_linears(family_model("llama", hidden_size=64, intermediate_size=2048)) == set()
     hook = mlps[0].up_proj.register_forward_pre_hook(lambda module, args: None)
-    assert skinny_linears(model) == projections - {mlps[0].up_proj}
+    assert packable_linears(model) == projections - {mlps[0].up_proj}
     hook.remove()
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["up_proj"]))
-    assert not {mlp.up_proj for mlp in mlps} & skinny_linears(peft_model)
-    bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=8192),
+    assert not {mlp.up_proj for mlp in mlps} & packable_linears(peft_model)
+    bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
                       Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
-    assert skinny_linears(bf16) == set()
-    model = family_model("llama", hidden_size=64, intermediate_size=8192)
+    assert packable_linears(bf16) == set()
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
     replaced = model.model.layers[1].mlp.down_proj
     replaced.forward = lambda x: torch.nn.Linear.forward(replaced, x)  # as accelerate's hooks replace forwards
-    assert replaced not in skinny_linears(model) and len(skinny_linears(model)) == 5
+    assert replaced not in packable_linears(model) and len(packable_linears(model)) == 5
     hook = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
     try:
-        assert skinny_linears(model) == set()
+        assert packable_linears(model) == set()
     finally:
         hook.remove()
 
 
-def test_the_decoder_spells_out_only_a_familys_own_plain_mlp_and_only_for_few_rows(monkeypatch):
-    """The MLP formula is written out (its projections by skinny_linear) for a family's own MLP class without hooks:
-    an MLP with a hook is called, and its hook runs.  Under SKINNY_MIN_ROWS rows and past SKINNY_MAX_ROWS a
-    projection is the module's call."""
-    import mrl.generation.decoder
+def test_the_decoder_packs_at_each_call_and_spells_out_only_a_familys_own_plain_mlp(monkeypatch):
+    """The MLP formula is written out (its projections by packed_linear) for a family's own MLP class without hooks:
+    an MLP with a hook is called, and its hook runs.  The weights are packed at each call as they are then (the
+    trainer changes them in place between rollouts) and dropped after it; under PACKED_MIN_ROWS rows and past
+    PACKED_MAX_ROWS a projection is the module's call."""
+    import mrl.generation.decoder as decoder_module
 
-    model = family_model("llama", hidden_size=64, intermediate_size=8192)
+    model = family_model("llama", hidden_size=64, intermediate_size=4096)
     mlps = [layer.mlp for layer in model.model.layers]
-    assert NativeDecoder(model).skinny_mlps == set(mlps)
+    assert NativeDecoder(model).packed_mlps == set(mlps)
     seen = []
     mlps[0].register_forward_hook(lambda module, args, out: seen.append(out.shape))
     decoder = NativeDecoder(model)
-    assert decoder.skinny_mlps == {mlps[1]}
-    greedy = Sampling(4, greedy=True)
+    assert decoder.packed_mlps == {mlps[1]}
+    greedy = Sampling(6, greedy=True)
     assert torch.equal(draw(native_decode, model, greedy), draw(hf_decode, model, greedy)) and seen
-    spied = []
-    monkeypatch.setattr(mrl.generation.decoder, "skinny_linear", lambda linear, x: spied.append(x.shape) or linear(x))
+
+    rows = []
+    monkeypatch.setattr(decoder_module, "packed_linear",
+                        lambda x, packed, bias: rows.append(x.shape[:-1].numel()) or packed_linear(x, packed, bias))
+    ids, mask, _ = grouped_batch()
+    request = DecodeRequest(ids, mask, 6, [STOP], PAD)
+    before = decoder(request, None)
+    with torch.no_grad():
+        for mlp in mlps:
+            mlp.down_proj.weight.mul_(-4)
+    after = decoder(request, None)  # the same decoder: the new weights
+    assert torch.equal(after, hf_decode(model, request, greedy)) and not torch.equal(after, before)
+    assert decoder.packed == {} and len(ids) in rows  # each decode step's rows (and the prompt's pass: 108 positions)
+    assert all(decoder_module.PACKED_MIN_ROWS <= n <= decoder_module.PACKED_MAX_ROWS for n in rows)
+
+    rows.clear()
     up = mlps[1].up_proj
-    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MAX_ROWS + 1, 64))
-    assert spied == []
-    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MIN_ROWS - 1, 1, 64))
-    assert spied == []
-    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MIN_ROWS, 1, 64))
-    decoder._project(up, torch.randn(mrl.generation.decoder.SKINNY_MAX_ROWS, 64))
-    assert spied == [(mrl.generation.decoder.SKINNY_MIN_ROWS, 1, 64), (mrl.generation.decoder.SKINNY_MAX_ROWS, 64)]
+    decoder.packed = {up: pack(up, 8)}
+    for n in (decoder_module.PACKED_MIN_ROWS - 1, decoder_module.PACKED_MIN_ROWS, decoder_module.PACKED_MAX_ROWS,
+              decoder_module.PACKED_MAX_ROWS + 1):
+        decoder._project(up, torch.randn(n, 1, 64))
+    assert rows == [decoder_module.PACKED_MIN_ROWS, decoder_module.PACKED_MAX_ROWS]
 
 
 def test_the_draw_is_inverse_cdf_on_a_cpu_and_hfs_elsewhere():

@@ -5,7 +5,7 @@ criteria, cache and mask bookkeeping, output dataclasses), not in arithmetic. `N
 (the model's embedding, norms, projections, MLPs and rotary embedding modules, so LoRA adapters and every rope scaling
 apply as in the model) with a preallocated KV buffer, one boolean mask grown in place, and HF's own sampling warpers,
 and returns what `model.generate` returns: the input ids followed by the sampled ones, finished rows padded. Greedy,
-it picks the tokens HF `generate` picks (up to the rounding of `skinny_linear`, a CPU's different order of the same
+it picks the tokens HF `generate` picks (up to the rounding of `packed_linear`, oneDNN's different order of the same
 sums: equal in every test and on SmolLM2); sampling, it draws from the same distribution, on a CPU by `inverse_cdf`
 (one uniform number per row) where HF draws with `torch.multinomial` (one exponential number per vocabulary entry: ~12
 ms of each decode step of 8 rows at SmolLM2's 49k vocabulary on a CPU, against ~4 ms). With `multinomial`, the draw
@@ -97,24 +97,24 @@ def inverse_cdf(probs: Tensor, uniform: Tensor | None = None) -> Tensor:
 # The native decoder stops computing finished rows once at most this share of the rows it computes is unfinished:
 # dropping rows copies their keys and values, so it waits until a quarter has finished, not one row at a time.
 COMPACT_AT = 0.75
-# skinny_linear's range, measured on 2 EPYC cores, one thread, weights read from memory (docs/measured.md, "Where the
-# rollout's time goes next"): for weights of 2 MiB and more in float32 (SmolLM2's MLP and output layer; its 576 x 576
-# attention projections are faster by F.linear at every row count), from 7 rows (below, F.linear is 0.4-0.95x its
-# time: a product of 2-3 columns is half as fast as one of 1) to 256 (beyond: a long turn's first step, F.linear).
-SKINNY_MIN_WEIGHT = 2 ** 19  # elements
-SKINNY_MIN_ROWS, SKINNY_MAX_ROWS = 7, 256
+# A decode step's large projections on a CPU run through oneDNN with their weights packed once per decode call (the
+# kernels torch's CPU compiler gives a frozen linear layer), where F.linear's GEMM is slow at a decode step's few rows.
+# Measured on 2 Xeon cores, one thread, weights read from memory (docs/measured.md, "Packed projections"): at 4 to 64
+# rows 0.45-0.85x F.linear's time (the output layer at 8 rows 10.0 against 26.0 ms), even at 256; at 1-2 rows and for
+# SmolLM2's 192 x 576 key and value projections F.linear is faster.  Packing costs about a copy of the weights.
+PACKED_MIN_WEIGHT = 2 ** 18  # elements: SmolLM2's 576 x 576 projections and up
+PACKED_MIN_ROWS, PACKED_MAX_ROWS = 4, 256  # beyond 256 (a prompt's pass) the module's own call
 
 
-def skinny_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
-    """`linear(x)` for x [..., in] of few rows, computed as (W @ x^T)^T.  On a CPU, MKL multiplies a row-major weight
-    by a few columns faster than it multiplies a few rows by the weight's transpose, as `F.linear` does, with no copy
-    of the weight: for SmolLM2's MLP and output layer, in the range above SKINNY_MIN_ROWS."""
-    rows = x.reshape(-1, x.shape[-1])
-    if linear.bias is None:
-        out = torch.mm(linear.weight, rows.T)
-    else:
-        out = torch.addmm(linear.bias[:, None], linear.weight, rows.T)
-    return out.T.contiguous().view(*x.shape[:-1], -1)
+def pack(linear: torch.nn.Linear, rows: int) -> Tensor:
+    """`linear`'s weight in oneDNN's layout for products of about `rows` rows (a copy: the weight as it is now)."""
+    return torch.ops.mkldnn._reorder_linear_weight(linear.weight, rows)
+
+
+def packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """`linear(x)` for x [..., in], from its weight `pack`ed and its bias."""
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+    return out.view(*x.shape[:-1], -1)
 
 
 def plain(module: torch.nn.Module) -> bool:
@@ -123,18 +123,19 @@ def plain(module: torch.nn.Module) -> bool:
     return not (module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
 
 
-def skinny_linears(model) -> set[torch.nn.Module]:
-    """The projections of `model` that `NativeDecoder` computes by `skinny_linear`: on a CPU, without the model's
-    autocast or global module hooks, `plain` modules of exactly `nn.Linear` (not an adapter's wrapper) with float32
-    weights of at least SKINNY_MIN_WEIGHT elements.  Elsewhere (a GPU, bf16) a module is called as it is."""
+def packable_linears(model) -> set[torch.nn.Module]:
+    """The projections of `model` that `NativeDecoder` computes by `packed_linear`: on a CPU with oneDNN, without
+    the model's autocast or global module hooks, `plain` modules of exactly `nn.Linear` (not an adapter's wrapper)
+    with float32 weights of at least PACKED_MIN_WEIGHT elements.  Elsewhere (a GPU, bf16) a module is called as
+    it is."""
     from torch.nn.modules import module as torch_module
 
     if getattr(model, "compute_autocast", None) is not None or torch_module._global_forward_hooks \
-            or torch_module._global_forward_pre_hooks:
+            or torch_module._global_forward_pre_hooks or not torch.backends.mkldnn.is_available():
         return set()
     return {module for module in model.modules()
             if type(module) is torch.nn.Linear and module.weight.device.type == "cpu"
-            and module.weight.dtype == torch.float32 and module.weight.numel() >= SKINNY_MIN_WEIGHT
+            and module.weight.dtype == torch.float32 and module.weight.numel() >= PACKED_MIN_WEIGHT
             and plain(module)}
 
 
@@ -216,12 +217,13 @@ class NativeDecoder:
         self.grouped = self.decoder.embed_tokens.weight.device.type == "cpu"
         # probabilities [A, V] -> tokens [A]
         self.draw = draw if draw is not None else draw_for(self.decoder.embed_tokens.weight.device)
-        self.skinny = skinny_linears(self.model)
-        # MLPs whose formula the decoder may spell out, to compute their projections by skinny_linear
+        self.packable = packable_linears(self.model)
+        self.packed: dict[torch.nn.Module, Tensor] = {}  # packable module -> its weight packed, during a call
+        # MLPs whose formula the decoder may spell out, to compute their projections by packed_linear
         own_mlps = mlp_classes()
-        self.skinny_mlps = {layer.mlp for layer in self.decoder.layers
+        self.packed_mlps = {layer.mlp for layer in self.decoder.layers
                             if type(layer.mlp) in own_mlps and plain(layer.mlp)
-                            and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.skinny}
+                            and {layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj} <= self.packable}
 
     def __call__(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
         """Continue `request.input_ids` [A, L] by at most `request.budget` tokens (DecodeRequest's contract).
@@ -235,7 +237,12 @@ class NativeDecoder:
         # Inference mode: no autograd bookkeeping per op (~10% of a small model's decode step); the ids leave as an
         # ordinary tensor.
         with torch.inference_mode():
-            ids = self._sample(request, warp)
+            # packed per call: the weights as they are now (the trainer updates them in place between rollouts)
+            self.packed = {linear: pack(linear, len(request.input_ids)) for linear in self.packable}
+            try:
+                ids = self._sample(request, warp)
+            finally:
+                self.packed = {}
         return ids.clone()
 
     def _sample(self, request: DecodeRequest, warp: Callable | None) -> Tensor:
@@ -343,14 +350,15 @@ class NativeDecoder:
         return out.transpose(1, 2)
 
     def _project(self, linear: torch.nn.Module, x: Tensor) -> Tensor:
-        if linear in self.skinny and SKINNY_MIN_ROWS * x.shape[-1] <= x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]:
-            return skinny_linear(linear, x)
+        packed = self.packed.get(linear)
+        if packed is not None and PACKED_MIN_ROWS * x.shape[-1] <= x.numel() <= PACKED_MAX_ROWS * x.shape[-1]:
+            return packed_linear(x, packed, linear.bias)
         return linear(x)
 
     def _mlp(self, mlp: torch.nn.Module, x: Tensor) -> Tensor:
-        """`mlp(x)`; for a family's own MLP class whose three projections are skinny, its formula spelled out, so
-        that they are computed by `skinny_linear`."""
-        if mlp not in self.skinny_mlps:
+        """`mlp(x)`; for a family's own MLP class whose three projections are packable, its formula spelled out, so
+        that they are computed by `packed_linear`."""
+        if mlp not in self.packed_mlps:
             return mlp(x)
         return self._project(mlp.down_proj, mlp.act_fn(self._project(mlp.gate_proj, x)) * self._project(mlp.up_proj, x))
 
