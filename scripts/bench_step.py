@@ -21,7 +21,9 @@ Per arm, medians over the timed steps: rollout and update seconds (wall and CPU;
 padding included) against the unique tokens (each distinct prompt once, each transcript token once), and the
 update's achieved GFLOP/s: 6 x (decoder weights x tokens computed + output layer x scored tokens) per second, the
 rate of the arithmetic the update did per CPU second, against the fp32 matmul peak of the same cores and threads
-per CPU second, measured before and after the steps (a 1024 x 1024 matmul, best of 30).
+per CPU second, measured before and after the steps (a 1024 x 1024 matmul, best of 30); and beside it the same
+with attention's products counted (12 x layers x query heads x head dim a causal (query, key) pair of the unique
+tokens, forward and backward: the attention term of PaLM's model-FLOPs count).
 """
 
 from __future__ import annotations
@@ -96,9 +98,13 @@ class StepHooks(Hooks):
 
 
 def weights(model) -> dict[str, int]:
-    """The decoder's matmul weights (its layers' 2-D parameters) and the output layer's, in elements."""
+    """The decoder's matmul weights (its layers' 2-D parameters) and the output layer's, in elements; and the
+    attention's width summed over layers (layers x query heads x head dim), a (query, key) pair's cost per FLOP/4."""
     layers = sum(p.numel() for p in model.get_decoder().layers.parameters() if p.dim() == 2)
-    return {"body_weights": layers, "head_weights": model.get_output_embeddings().weight.numel()}
+    config = model.config.get_text_config()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {"body_weights": layers, "head_weights": model.get_output_embeddings().weight.numel(),
+            "attention_width": config.num_hidden_layers * config.num_attention_heads * head_dim}
 
 
 def unique_tokens(rollouts) -> int:
@@ -107,6 +113,17 @@ def unique_tokens(rollouts) -> int:
 
     distinct = torch.unique(rollouts.prompt_ids * rollouts.prompt_mask, dim=0)
     return int((distinct != 0).sum() + rollouts.completion_attention.sum())
+
+
+def attention_pairs(rollouts) -> int:
+    """The (query, key) pairs causal attention scores over the step's unique tokens: each distinct prompt's own
+    triangle, then each transcript token over its row's prompt and the transcript up to itself."""
+    import torch
+
+    distinct = torch.unique(torch.cat([rollouts.prompt_ids * rollouts.prompt_mask, rollouts.prompt_mask], 1), dim=0)
+    prompts = distinct[:, rollouts.prompt_mask.shape[1]:].sum(1)  # [U] each distinct prompt's length
+    own, transcript = rollouts.prompt_mask.sum(1), rollouts.completion_attention.sum(1)  # [N], [N]
+    return int((prompts * (prompts + 1) // 2).sum() + (transcript * own + transcript * (transcript + 1) // 2).sum())
 
 
 def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
@@ -131,6 +148,7 @@ def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
                 wall, cpu = (b - a for a, b in zip(start, clocks()))
                 batch = args[3]
                 hooks.counts.update(update_wall_s=wall, update_cpu_s=cpu, unique_tokens=unique_tokens(batch.rollouts),
+                                    attention_pairs=attention_pairs(batch.rollouts),
                                     mean_length=float(batch.rollouts.completion_mask.sum()) / batch.rows,
                                     scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
                                     **hooks.weights)
@@ -248,6 +266,13 @@ def summary(got: list[dict[str, Any]], peak: float) -> dict[str, float]:
                  for r in got]
         row["gflops"] = statistics.median(f / r["update_cpu_s"] / 1e9 for f, r in zip(flops, got))
         row["peak_share"] = row["gflops"] / peak
+    if "attention_pairs" in got[0]:
+        # attention's products too (PaLM's MFU count): QK^T and AV, 2 FLOPs a multiply-add, the backward twice the
+        # forward; over the unique tokens' pairs, a lower bound of what an arm that repeats or pads computes
+        attention = [12 * r["attention_width"] * r["attention_pairs"] for r in got]
+        row["gflops_attention"] = statistics.median((f + a) / r["update_cpu_s"] / 1e9
+                                                    for f, a, r in zip(flops, attention, got))
+        row["peak_share_attention"] = row["gflops_attention"] / peak
     if "unique_tokens" in got[0]:
         row["unique_tokens"] = med("unique_tokens")
     return row
@@ -255,13 +280,15 @@ def summary(got: list[dict[str, Any]], peak: float) -> dict[str, float]:
 
 def table(rows: dict[str, dict[str, float]], peak: float) -> str:
     lines = ["| arm | rollout s (CPU) | update s (CPU) | step s (CPU) | step s (wall) | tokens computed: rollout / "
-             "update | unique tokens | update GFLOP/s | % of peak | mean completion |", "|---|" + "---|" * 9]
+             "update | unique tokens | update GFLOP/s | % of peak | with attention: GFLOP/s, % of peak | "
+             "mean completion |", "|---|" + "---|" * 10]
     for arm, r in rows.items():
         lines.append(
             f"| {arm} | {r['rollout_cpu_s']:.2f} | {r['update_cpu_s']:.2f} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
             f"{r['rollout_tokens']:.0f} / {r['update_tokens']:.0f} | {r.get('unique_tokens', float('nan')):.0f} | "
             f"{r.get('gflops', float('nan')):.1f} | {100 * r.get('peak_share', float('nan')):.0f}% | "
-            f"{r['mean_length']:.1f} |")
+            f"{r.get('gflops_attention', float('nan')):.1f}, "
+            f"{100 * r.get('peak_share_attention', float('nan')):.0f}% | {r['mean_length']:.1f} |")
     lines.append(f"\nfp32 matmul peak of the same cores: {peak:.1f} GFLOP/s")
     for arm in rows:
         if arm != "mrl" and "mrl" in rows:

@@ -326,6 +326,27 @@ def test_bench_step_times_the_step_issue_45_measured():
     assert start.model.name_or_path == "/somewhere/sft-start" and start.trainer.group_size == 6
 
 
+def test_bench_step_counts_the_attention_pairs_of_the_unique_tokens():
+    """Rows 0 and 1 share a 3-token prompt (left-padded by 1), row 2 has a 2-token one; transcripts of 2, 1 and 3
+    tokens.  Prompts: 3*4/2 + 2*3/2 = 9 pairs; transcripts: row 0 2*3 + 3, row 1 1*3 + 1, row 2 3*2 + 6: 25."""
+    from types import SimpleNamespace
+
+    from test_bench import load
+
+    bench_step = load("bench_step")
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [0, 0, 1, 1]])
+    rollouts = SimpleNamespace(prompt_ids=torch.tensor([[9, 5, 6, 7], [9, 5, 6, 7], [9, 9, 6, 7]]),
+                               prompt_mask=prompt_mask,
+                               completion_attention=torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]]))
+    assert bench_step.attention_pairs(rollouts) == 9 + 9 + 4 + 12
+    assert bench_step.unique_tokens(rollouts) == 3 + 2 + 6
+    model = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace(
+        num_hidden_layers=30, num_attention_heads=9, head_dim=64, hidden_size=576)))
+    model.get_decoder = lambda: SimpleNamespace(layers=torch.nn.Linear(2, 3))
+    model.get_output_embeddings = lambda: torch.nn.Linear(4, 5, bias=False)
+    assert bench_step.weights(model) == {"body_weights": 6, "head_weights": 20, "attention_width": 30 * 9 * 64}
+
+
 def test_bench_step_starts_where_train_bfcl_rl_starts(tmp_path, monkeypatch):
     """The warm start is train-bfcl's SFT stage (its settings, seed 0, its step count) with a one-record evaluation,
     exported as a model dir; built once, then reused."""
