@@ -99,7 +99,8 @@ class StepHooks(Hooks):
 
 def weights(model) -> dict[str, int]:
     """The decoder's matmul weights (its layers' 2-D parameters) and the output layer's, in elements; and the
-    attention's width summed over layers (layers x query heads x head dim), a (query, key) pair's cost per FLOP/4."""
+    attention's width summed over layers (layers x query heads x head dim): a causal (query, key) pair costs 4 FLOPs
+    a unit of it in the forward (QK^T and AV), 12 with the backward."""
     layers = sum(p.numel() for p in model.get_decoder().layers.parameters() if p.dim() == 2)
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -100,8 +100,9 @@ COMPACT_AT = 0.75
 # A decode step's large projections on a CPU run through oneDNN with their weights packed once per decode call (the
 # kernels torch's CPU compiler gives a frozen linear layer), where F.linear's GEMM is slow at a decode step's few rows.
 # Measured on 2 Xeon cores, one thread, weights read from memory (docs/measured.md, "Packed projections"): at 4 to 64
-# rows 0.45-0.85x F.linear's time (the output layer at 8 rows 10.0 against 26.0 ms), even at 256; at 1-2 rows and for
-# SmolLM2's 192 x 576 key and value projections F.linear is faster.  Packing costs about a copy of the weights.
+# rows 0.45-0.85x F.linear's time (the output layer at 8 rows 10.0 against 26.0 ms), even at 256; below 4 rows (its
+# 3-row product costs what its 1-row one does) and for SmolLM2's 192 x 576 keys and values F.linear is faster.
+# Packing costs about a copy of the weights.
 PACKED_MIN_WEIGHT = 2 ** 18  # elements: SmolLM2's 576 x 576 projections and up
 PACKED_MIN_ROWS, PACKED_MAX_ROWS = 4, 256  # beyond 256 (a prompt's pass) the module's own call
 
