@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,11 @@ Channel = Callable[[Episode], float]
 
 class RewardError(RuntimeError):
     """A reward channel raised or returned something that is not a finite number."""
+
+
+class _Stop(RewardError):
+    """A channel's code raised what would stop the trainer (SystemExit, KeyboardInterrupt): always raised, never
+    dropped as one sample's failure."""
 
 
 class OverlongPenalty:
@@ -199,19 +205,27 @@ class FailureStreaks:
 
 
 def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
-    """Yield (index, value or None to abstain, problem or None) for each episode."""
+    """Yield (index, value or None to abstain, problem or None) for each episode.  A batched channel's answer is read
+    one value past the batch at most (an endless generator is an error, not a list that grows until the OOM killer
+    comes); a SystemExit, KeyboardInterrupt or other BaseException from a channel's code is a RewardError whatever
+    rewards.on_error says (`exit()` in a reward function would end the trainer with code 0 and no checkpoint)."""
     if getattr(spec.fn, "batched", False):
         try:
-            values = list(spec.fn(episodes))
+            values = _user_call(spec.name, lambda: list(islice(spec.fn(episodes), len(episodes) + 1)))
+        except _Stop:
+            raise
         except Exception as err:  # a user's channel: the whole batch failed
             values = [_Raised(f"raised {type(err).__name__}: {err}", err)] * len(episodes)
         if len(values) != len(episodes):
-            values = [_Raised(f"returned {len(values)} values for {len(episodes)} episodes")] * len(episodes)
+            many = f"more than {len(episodes)}" if len(values) > len(episodes) else str(len(values))
+            values = [_Raised(f"returned {many} values for {len(episodes)} episodes")] * len(episodes)
     else:
         values = []
         for episode in episodes:
             try:
-                values.append(spec.fn(episode))
+                values.append(_user_call(spec.name, lambda: spec.fn(episode)))
+            except _Stop:
+                raise
             except Exception as err:  # a user's channel: report which one, on which sample
                 values.append(_Raised(f"raised {type(err).__name__}: {err}", err))
     for n, value in enumerate(values):
@@ -219,10 +233,54 @@ def _evaluate(spec: ChannelSpec, episodes: list[Episode]):
             yield n, None, value
         elif value is None:
             yield n, None, None
-        elif not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            yield n, None, _Raised(f"returned {value!r}, not a finite number (None abstains)")
+        elif (number := _finite(value)) is None:
+            yield n, None, _Raised(f"returned {_short(value)}, not a finite number (None abstains)")
         else:
-            yield n, float(value), None
+            yield n, number, None
+
+
+def _user_call(channel: str, call: Callable[[], Any]) -> Any:
+    """call(), a channel's code, with a BaseException that is not an Exception (SystemExit, KeyboardInterrupt,
+    GeneratorExit, a class of the user's own) turned into a RewardError naming the channel.  A signal's stop
+    (mrl.runs.rundir.Interrupted, which carries its `signum`) passes: the loop checkpoints on it."""
+    try:
+        return call()
+    except Exception:
+        raise
+    except BaseException as err:
+        if getattr(err, "signum", None) is not None:
+            raise
+        raise _Stop(f"reward channel {channel!r} raised {_short(err)}, which would "
+                          "stop the trainer: raise an Exception instead, or return None to abstain") from None
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float, or None where it is not one (a bool, a string, NaN, inf, an int beyond a float's
+    range such as 10**400).
+
+    >>> _finite(3), _finite(10**400), _finite(True), _finite(float("nan"))
+    (3.0, None, None, None)
+    """
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _short(value: Any) -> str:
+    """repr(value) cut to 80 characters; a long int by its digits (its repr refuses beyond 4,300 of them).
+
+    >>> _short(10**400), _short(SystemExit(0))
+    ('an int of 401 digits', 'SystemExit(0)')
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**77:
+        digits = len(str(abs(value))) if value.bit_length() < 14_000 else f"about {int(value.bit_length() * 0.30103)}"
+        return f"an int of {digits} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass

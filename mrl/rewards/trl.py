@@ -10,7 +10,12 @@ step's rollouts (a batched channel, mrl.rewards.channels) and hands each episode
 - a *conversational* one (the record's `prompt`, or its `messages`, a list of turns) gives message lists:
   `prompts[i]` the turns, `completions[i]` `[{"role": "assistant", "content": text}]`;
 - every other column of the record, one list entry per completion, as a keyword (`answer=[...]`, `solution=[...]`);
-- None abstains (TRL: the function does not apply to that sample).
+- None abstains (TRL: the function does not apply to that sample);
+- each value is what `torch.tensor(values, dtype=torch.float32)` reads, as in TRL: a bool (1.0 or 0.0), an int or
+  float, a NumPy scalar (`numpy.float32(0.5)`, `numpy.bool_(True)`) or a 0-d array or tensor.
+
+What the function returns is read lazily, at most one value past the batch's size: an endless generator is a one-line
+error (it "returned more than N values"), not a list that grows until the OOM killer ends the trainer.
 
 TRL also passes `trainer_state`, `log_extra` and `log_metric`; mrl does not (a TRL function takes `**kwargs` and
 ignores them).  No import of TRL: only its calling convention.
@@ -24,6 +29,8 @@ ignores them).  No import of TRL: only its calling convention.
 
 from __future__ import annotations
 
+import numbers
+from itertools import islice
 from typing import Any, Callable
 
 from mrl.core.episode import Episode
@@ -44,7 +51,26 @@ class TrlReward:
         self.conversational = conversational
 
     def __call__(self, episodes: list[Episode]) -> list[Any]:
-        return list(self.fn(**trl_inputs(episodes, self.conversational)))
+        values = self.fn(**trl_inputs(episodes, self.conversational))
+        # one past the batch: the channel's count check names a long answer, and an endless one ends here
+        return [trl_value(v) for v in islice(values, len(episodes) + 1)]
+
+
+def trl_value(value: Any) -> Any:
+    """A value as TRL reads it (`torch.tensor(values, dtype=torch.float32)`): a bool, a NumPy scalar or a 0-d array
+    or tensor as its Python number; anything else as it is (the channel refuses what is not a finite number).
+
+    >>> import numpy as np
+    >>> [trl_value(v) for v in (True, np.float32(0.5), np.bool_(False), np.array(2), 3, None)]
+    [1.0, 0.5, 0.0, 2, 3, None]
+    """
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)) and (isinstance(value, numbers.Real) or getattr(value, "ndim", None) == 0):
+        item = getattr(value, "item", None)
+        value = item() if callable(item) else float(value)
+        return float(value) if isinstance(value, bool) else value
+    return value
 
 
 def trl_inputs(episodes: list[Episode], conversational: bool | None = None) -> dict[str, list]:
