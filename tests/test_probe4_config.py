@@ -47,11 +47,13 @@ def test_probe4_a_count_beyond_memory_is_one_line_and_no_run_dir(payload, tmp_pa
 
 def test_probe4_the_floor_is_what_the_counts_cost():
     cfg = compose_sft("stage=rl", "trainer.prompts_per_step=3", "trainer.group_size=5", "trainer.eval_prompts=7",
-                      "sft.max_records=11", "sft.batch_size=13", "model.tiny.vocab_size=17")
-    needs = {key: need for key, _, need, _ in fits._needs(cfg)}
-    assert needs == {"trainer.group_size": 15 * 8192,
-                     "trainer.eval_prompts": 7 * 8192, "sft.max_records": 11 * 1024, "sft.batch_size": 13 * 8192,
-                     "model.tiny.vocab_size": 17 * 64 * 16}
+                      "sft.max_records=11", "sft.batch_size=13", "model.tiny.vocab_size=41")
+    needs = [(key, need) for key, _, need, _ in fits._needs(cfg)]
+    layers = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128)  # q, o; k, v (2 heads of 16); gate, up, down
+    assert needs == [("trainer.group_size", 15 * 8192),
+                     ("trainer.eval_prompts", 7 * 8192), ("sft.max_records", 11 * 1024), ("sft.batch_size", 13 * 8192),
+                     ("model.tiny.vocab_size", 41 * 64 * 16), ("model.tiny.num_hidden_layers", layers * 16),
+                     ("model.tiny.vocab_size", (41 * 64 + layers) * 16)]  # each named by its size furthest up
     validate(cfg)  # the default sizes, and these, pass
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from mrl.core.config import UserError
-from mrl.modeling.models import BUILTIN_TINY, ModelLoadError, context_length
+from mrl.core.config import TinyModelSpec, UserError
+from mrl.modeling.models import BUILTIN_TINY, SPECIAL_TOKENS, TASK_WORDS, ModelLoadError, context_length
 
 ROW_BYTES = 8 << 10  # a rollout, a held-out episode, a demonstration in a batch: at least this much
 RECORD_BYTES = 1 << 10  # a demonstration drawn from a generator task
@@ -59,10 +60,59 @@ def _needs(cfg) -> list[tuple[str, Any, int, str]]:
         needs.append(("sft.batch_size", sft.batch_size, int(sft.batch_size) * ROW_BYTES, "demonstrations a step"))
     tiny = cfg.model.get("tiny")
     if tiny is not None and cfg.model.name_or_path == BUILTIN_TINY:
-        weights = int(tiny.vocab_size) * int(tiny.hidden_size)
-        needs.append(("model.tiny.vocab_size", tiny.vocab_size, weights * PARAMETER_BYTES,
-                      f"an embedding of {weights} trained weights"))
+        needs += _tiny_needs({k: int(v) for k, v in tiny.items()})
     return needs
+
+
+TINY_VOCAB_MIN = len(SPECIAL_TOKENS) + len(TASK_WORDS)  # mrl.modeling.models.tiny_vocab's fixed words
+TINY_SIZES = {f.name: f.default for f in fields(TinyModelSpec) if f.name != "init_seed"}
+
+
+def tiny_weights(spec: dict[str, int]) -> tuple[int, int]:
+    """The built-in model's trained weights (Llama layout, tied embedding; the norms' few left out): (the embedding,
+    the layers: each its attention's q, k, v and o and its MLP's gate, up and down projections).
+
+    >>> tiny_weights(TINY_SIZES)  # 32 x 64; 2 x (64 x 64 x 2 + 64 x 32 x 2 + 3 x 64 x 128)
+    (2048, 73728)
+    """
+    hidden = spec["hidden_size"]
+    kv = spec["num_key_value_heads"] * (hidden // spec["num_attention_heads"])  # k and v's width
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * spec["intermediate_size"]
+    return spec["vocab_size"] * hidden, spec["num_hidden_layers"] * layer
+
+
+def tiny_problem(spec: dict[str, int]) -> str | None:
+    """Why these sizes cannot make a Llama model (each a one-line refusal naming the key), or None."""
+    for key in TINY_SIZES:
+        if spec[key] < 1:
+            return f"model.tiny.{key}={spec[key]}: a size is at least 1 (the built-in model's is {TINY_SIZES[key]})"
+    if spec["vocab_size"] < TINY_VOCAB_MIN:
+        return (f"model.tiny.vocab_size={spec['vocab_size']}: the built-in tokenizer has {TINY_VOCAB_MIN} fixed words "
+                f"(special tokens and the tasks' words); give at least {TINY_VOCAB_MIN}")
+    hidden, heads, kv = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"]
+    if hidden % heads or (hidden // heads) % 2:
+        return (f"model.tiny.num_attention_heads={heads}: each head's width, hidden_size / num_attention_heads, must "
+                f"be a whole even number (rotary embeddings turn pairs), and hidden_size is {hidden}: give a divisor "
+                f"of {hidden} such as {TINY_SIZES['num_attention_heads']}")
+    if heads % kv:
+        return (f"model.tiny.num_key_value_heads={kv}: must divide num_attention_heads={heads} (grouped-query "
+                "attention shares each key/value head among a group of query heads)")
+    return None
+
+
+def _tiny_needs(spec: dict[str, int]) -> list[tuple[str, Any, int, str]]:
+    """The built-in model's weights, the embedding's and the layers', each named by the size that is the most times
+    the built-in model's among those that multiply it (the one to lower)."""
+    if (problem := tiny_problem(spec)) is not None:
+        raise UserError(problem)
+    blame = lambda *keys: max(keys, key=lambda k: spec[k] / TINY_SIZES[k])  # noqa: E731
+    embedding, layers = tiny_weights(spec)
+    return [(f"model.tiny.{key}", spec[key], weights * PARAMETER_BYTES, f"{weights} trained weights ({what})")
+            for key, weights, what in (
+                (blame("vocab_size", "hidden_size"), embedding, "the embedding"),
+                (blame("num_hidden_layers", "hidden_size", "intermediate_size"), layers,
+                 f"{spec['num_hidden_layers']} layers"),
+                (blame(*TINY_SIZES), embedding + layers, "the whole model"))]
 
 
 def check(cfg) -> None:
