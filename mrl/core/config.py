@@ -126,6 +126,10 @@ class AlgoConfig:
     # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
     weights: Any = None
     gdpo_batch_norm: bool = True
+    # GD²PO-SNR (advantage=gd2po_snr): a rollout whose channels conflict is dropped where |rho| < gd2po_tau, rho =
+    # sum z / sum |z| (0.8 in every script of theirs; their code's default 0.2).
+    gd2po_tau: float = bounded(0.8, 0, 1, fix="the share of a rollout's channel signal that must agree in sign for it "
+                                             "to stay (0: drop none, 1: drop every conflict); their scripts use 0.8")
     adv_eps: float = bounded(1e-6, 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)")
     epochs: int = bounded(1, 1, fix="passes over each batch")  # PPO epochs / GRPO mu
     clip_low: float = bounded(0.2, 0, 1, below_high=True,

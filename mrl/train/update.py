@@ -47,6 +47,7 @@ class AlgoSettings:
     gamma: float
     lam: float
     whiten_advantages: bool
+    gd2po_tau: float
     sampling: Sampling  # the loss scores the distribution the sampler drew from: its temperature, top_k / top_p
 
     @staticmethod
@@ -55,7 +56,7 @@ class AlgoSettings:
         return AlgoSettings(algo.epochs, trainer.num_mini_batches, trainer.micro_batch_size, algo.loss_agg,
                             algo.clip_low, algo.clip_high, algo.entropy_coef, algo.kl_coef, algo.kl_mode,
                             algo.vf_coef, algo.value_clip, algo.adv_eps, algo.gdpo_batch_norm, algo.gamma, algo.lam,
-                            algo.whiten_advantages, sampling)
+                            algo.whiten_advantages, algo.gd2po_tau, sampling)
 
     @property
     def single_update(self) -> bool:
