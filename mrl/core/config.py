@@ -244,9 +244,12 @@ class LoraSettings:
 class ModelConfig:
     # A hub id (`Qwen/Qwen3-0.6B`), a local model directory, or `builtin:tiny` for the built-in model.
     name_or_path: str = MISSING
-    # float32 | bfloat16 | float16: the compute dtype on GPUs and the dtype checkpoints export; trained weights and
-    # optimizer states are float32 whatever it says (mrl/modeling/precision.py).
+    # float32 | bfloat16 | float16: the dtype checkpoints export (and on a GPU, with compute_dtype auto, the dtype it
+    # computes in); trained weights and optimizer states are float32 whatever it says (mrl/modeling/precision.py).
     dtype: str = "float32"
+    # auto | float32 | bfloat16 | float16: the dtype forwards and backwards compute in, under autocast.  auto: bfloat16
+    # on a CPU with AMX (float32 on one without, where bf16 is slow), model.dtype on a GPU.
+    compute_dtype: str = "auto"
     use_chat_template: bool = False  # wrap task prompts with the tokenizer's chat template
     # How agents call tools (mrl/chat/protocols.py): `chat` in the model's own chat format
     # (`<tool_call>{json}</tool_call>`, results as `tool` messages), `words` the built-in tiny model's (a tool's name as
@@ -265,9 +268,11 @@ class ModelConfig:
 class DeepSpeedConfig:
     enabled: bool = False
     stage: int = bounded(0, 0, 3, fix="the ZeRO stage; pick a preset: deepspeed=none|zero1|zero2|zero3")
-    # Read from model.dtype, not set here: bfloat16 (float16) on a GPU turns on DeepSpeed's bf16 (fp16) mode, which
-    # keeps float32 masters and optimizer states in the ZeRO optimizer (mrl/modeling/precision.py).
+    # Read from model.dtype and model.compute_dtype, not set here: a bfloat16 (float16) compute dtype turns on
+    # DeepSpeed's bf16 (fp16) mode, which keeps float32 masters and optimizer states in the ZeRO optimizer
+    # (mrl/modeling/precision.py).
     model_dtype: str = "${model.dtype}"
+    compute_dtype: str = "${model.compute_dtype}"
     gradient_clipping: float = bounded(1.0, 0)
     offload_optimizer: bool = False
     offload_param: bool = False
