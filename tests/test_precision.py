@@ -251,3 +251,43 @@ def test_trained_weights_of_float32_and_deepspeed_checkpoints(make_cfg, tmp_path
         exported = load_file(ckpt / "policy" / "model.safetensors")
         assert {f"policy.{k}" for k in exported} <= weights.keys()
         assert all(torch.equal(weights[f"policy.{k}"], v) for k, v in exported.items())  # fp32: no rounding
+
+
+def test_bf16_compute_logs_its_logprob_gap_once_and_keeps_the_ratio_at_one(make_cfg, tmp_path):
+    """bf16 compute (what auto picks on a CPU with AMX): the first step logs how far its per-token log-probs are from
+    float32's on the step's rollouts (0 < mean <= max, small); later steps and fp32 runs do not.  Two epochs at lr
+    1e-12: the old log-probs and the new ones come from the same bf16 forward, so every ratio is 1 (no clipping,
+    approx_kl 0), as in fp32 (tests/test_train.py)."""
+    final = train(make_cfg("algo=grpo", "model.compute_dtype=bfloat16", "algo.epochs=2", "trainer.lr=1e-12",
+                           "trainer.max_steps=2"), tmp_path / "bf16")
+    first, second = read_metrics(tmp_path / "bf16" / METRICS_FILE)
+    gap, gap_max = first["perf/precision_logprob_gap"], first["perf/precision_logprob_gap_max"]
+    assert 0 < gap <= gap_max < 0.5  # the tiny model's 32-token distributions, rounded to bf16's 8 bits
+    assert "perf/precision_logprob_gap" not in second
+    assert final["policy/approx_kl"] < 1e-9 and final["clip_frac"] == 0.0
+    train(make_cfg("algo=grpo", "trainer.max_steps=1"), tmp_path / "fp32")
+    assert "perf/precision_logprob_gap" not in read_metrics(tmp_path / "fp32" / METRICS_FILE)[0]
+
+
+def test_the_gap_is_the_difference_of_the_two_forwards(tokenizer):
+    """precision_logprob_gap against the two forwards computed here: the policy under its bf16 autocast, and the same
+    weights loaded without one."""
+    from mrl.generation.rollout import Rollouts, Sampling
+    from mrl.train.update import AlgoSettings, policy_forward, precision_logprob_gap
+
+    cfg = compose_config("model.compute_dtype=bfloat16", "algo=grpo")
+    path = resolve_model_path(cfg.model)
+    actor = Trainable(Actor(load_causal_lm(path, cfg.model, CPU)), LR, 0.0, 1.0, cfg.deepspeed, 4, CPU)
+    plain = Actor(load_causal_lm(path, compose_config().model, CPU)).eval()
+    prompt = torch.tensor([[14, 7, 11, 17]] * 2)  # "add 3 7 =", a group of two
+    completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    batch = Rollouts(prompt, torch.ones_like(prompt), torch.tensor([[3, 9, 2], [5, 2, 0]]), completion_mask,
+                     completion_mask, [None, None], group_size=2)
+    algo = AlgoSettings.of(cfg, Sampling.of(cfg.trainer))
+    measured = precision_logprob_gap(actor, batch, algo)
+    with torch.no_grad():
+        low = policy_forward(actor, batch)[0]
+        full = policy_forward(plain, batch)[0]
+    gap = (low - full).abs()[batch.completion_mask.bool()]
+    assert measured == pytest.approx({"perf/precision_logprob_gap": gap.mean().item(),
+                                      "perf/precision_logprob_gap_max": gap.max().item()})

@@ -135,13 +135,30 @@ def compute_in(model: nn.Module, precision: Precision, device: torch.device) -> 
 
     @functools.wraps(forward)
     def autocast_forward(*args, **kwargs):
-        with autocast():
+        with model.compute_autocast():  # looked up at each call: `in_float32` swaps it
             return forward(*args, **kwargs)
 
     model.forward = autocast_forward
     model.compute_autocast = autocast  # for callers of its parts (mrl.modeling.models.Actor: decoder, output layer)
     model.compute_dtype = precision.compute  # for those that cast weights themselves (the native decoder's packing)
     return model
+
+
+@contextlib.contextmanager
+def in_float32(model: nn.Module):
+    """`model` (given an autocast by `compute_in`) computing in float32 for the duration: to measure what its
+    compute dtype changes."""
+    base = getattr(model, "get_base_model", None)  # a LoRA policy: the transformers model carries the autocast
+    owner = base() if callable(base) else model
+    make = vars(owner).get("compute_autocast")
+    if make is None:
+        yield
+        return
+    owner.compute_autocast = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        owner.compute_autocast = make
 
 
 def autocast_of(model: nn.Module):

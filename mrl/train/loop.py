@@ -78,7 +78,7 @@ from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, wr
 from mrl.runs.warm_start import warm_start
 from mrl.train.collect import Collected, CollectSettings, EveryRank, collect
 from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
-from mrl.train.update import AlgoSettings, Scores, UpdateBatch, score, update, update_metrics
+from mrl.train.update import AlgoSettings, Scores, UpdateBatch, precision_logprob_gap, score, update, update_metrics
 from mrl.train.validation import validate
 
 
@@ -243,6 +243,7 @@ class Run:
     saved_step: int  # the last step checkpointed
     # From a step's first optimizer step to its end (logged), the weights are no longer the last completed step's.
     updating: bool = False
+    precision_gap_due: bool = False  # perf/precision_logprob_gap not logged yet (bf16 compute)
 
     def close(self) -> None:
         self.progress.close()
@@ -290,7 +291,8 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
     return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, *settings,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
-               identity, state, completed=dict(state), saved_step=state["step"])
+               identity, state, completed=dict(state), saved_step=state["step"],
+               precision_gap_due=actor.precision.compute is not None)
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
@@ -400,6 +402,9 @@ def step_metrics(run: Run, step: int, collected: Collected, every: EveryRank, ba
         metrics.update(run.reward_set.update_prices(every.rewards))
         run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
     metrics.update(updated)
+    if run.precision_gap_due:  # once a run, where it computes in bf16: what that changes in the log-probs
+        metrics.update(precision_logprob_gap(run.actor, collected.batch, run.algo))
+        run.precision_gap_due = False
     generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in collected.rounds))
     metrics.update(clock.metrics(generated_tokens))
     episodes = collected.episodes
