@@ -71,7 +71,8 @@ def test_reward_set_prices_three_steps_and_weights_the_constraint_by_its_price()
     assert reward_set.weights.tolist() == [1.0, 0.0]  # lambda_init 0: a budget not yet exceeded costs nothing
     # Step 1: 3 of 8 rollouts violate -> cost 0.375 > 0.25: the price paid was 0, the next is 0.125.
     assert reward_set.update_prices(rollouts(3)) == {"constraint/safety/lambda": 0.0, "constraint/safety/cost": 0.375,
-                                                     "constraint/safety/budget": 0.25}
+                                                     "constraint/safety/budget": 0.25, "constraint/safety/price_p": 0.0,
+                                                     "constraint/safety/price_i": 0.0, "constraint/safety/price_d": 0.0}
     assert reward_set.prices == {"safety": 0.125}
     assert reward_set.weights.tolist() == [1.0, 0.125]  # the reward keeps its weight; the cost is priced
     # Step 2: 2 of 8 -> 0.25, at the budget: unchanged.  Step 3: none -> 0.125 - 0.25 < 0: clamped at 0.

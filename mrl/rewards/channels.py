@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from mrl.algo.advantages import Estimator, dual_step, live_groups, mean_cost
+from mrl.algo.prices import PidGains, PidState, absolute_gains, pid_step
 from mrl.algo.shaping import condition, drop, veto, violations
-from mrl.core.config import Bound, ChannelConfig, UserError, schema_bounds
+from mrl.core.config import PID_DEFAULTS, Bound, ChannelConfig, PriceKind, UserError, schema_bounds
 from mrl.core.episode import Episode
 from mrl.rewards.targets import check_not_trl, check_targets
 
@@ -77,6 +78,7 @@ class ChannelSpec:
     lambda_lr: float = 0.1
     lambda_init: float = 0.0
     lambda_max: float = 10.0
+    pid: PidGains | None = None  # price.kind=pid: the controller's gains per unit of cost; None: the integral price
 
 
 class RewardSet:
@@ -94,6 +96,9 @@ class RewardSet:
                 )
         # The price (Lagrange multiplier) of each constraint with a budget: run state, checkpointed in state.json.
         self.prices = {s.name: s.lambda_init for s in specs if s.enforce == "budget"}
+        # A pid price's memory (mrl.algo.prices.PidState), run state too: checkpointed beside the prices.
+        self.controllers = {s.name: PidState(integral=s.lambda_init) for s in specs
+                            if s.enforce == "budget" and s.pid is not None}
 
     @property
     def weights(self) -> Tensor:
@@ -103,9 +108,11 @@ class RewardSet:
                              for s in self.specs])
 
     def update_prices(self, rewards: Tensor) -> dict[str, float]:
-        """The dual step on every budgeted constraint's price (mrl.algo.advantages.dual_step), from `rewards` [M, K]:
-        every rollout generated this step on every rank (gathered, so every rank computes the same prices).  Returns the
-        step's constraint/<ch>/{lambda, cost, budget}: the price this step's advantages paid, and the mean cost."""
+        """Every budgeted constraint's next price from `rewards` [M, K]: every rollout generated this step on every
+        rank (gathered, so every rank computes the same prices); the dual step (mrl.algo.advantages.dual_step), or for
+        price.kind=pid the controller (mrl.algo.prices.pid_step).  Returns the step's constraint/<ch>/{lambda, cost,
+        budget, price_p, price_i, price_d}: the price this step's advantages paid, the mean cost, and the price's
+        terms (an integral price is all I)."""
         if not self.prices:
             return {}
         ks = [self.names.index(name) for name in self.prices]
@@ -113,19 +120,33 @@ class RewardSet:
         column = lambda field: torch.tensor([getattr(s, field) for s in specs], dtype=torch.float64)  # noqa: E731
         paid = torch.tensor(list(self.prices.values()), dtype=torch.float64)  # [C]
         cost = mean_cost(rewards[:, ks].to(torch.float64))  # [C]
-        new = dual_step(paid, cost, column("budget"), column("lambda_lr"), column("lambda_max"))
-        self.prices = dict(zip(self.prices, new.tolist()))
+        new = dual_step(paid, cost, column("budget"), column("lambda_lr"), column("lambda_max")).tolist()
         metrics = {}
         for c, spec in enumerate(specs):
+            state = self.controllers.get(spec.name)
+            terms = (state.p, state.integral, state.d) if state is not None else (0.0, paid[c].item(), 0.0)
+            if state is not None:
+                new[c], self.controllers[spec.name] = pid_step(state, cost[c].item(), spec.budget, spec.pid)
             metrics[f"constraint/{spec.name}/lambda"] = paid[c].item()
             metrics[f"constraint/{spec.name}/cost"] = None if cost[c].isnan() else cost[c].item()
             metrics[f"constraint/{spec.name}/budget"] = spec.budget
+            metrics |= {f"constraint/{spec.name}/price_{t}": v for t, v in zip("pid", terms)}
+        self.prices = dict(zip(self.prices, new))
         return metrics
 
-    def load_prices(self, saved: dict[str, float] | None) -> None:
-        """The prices a checkpoint's state.json recorded (exactly: JSON floats round-trip); a constraint it has no
-        price for (a checkpoint from before its budget) starts at its lambda_init."""
+    def load_prices(self, saved: dict[str, float] | None, controllers: dict[str, dict] | None = None) -> None:
+        """The prices and pid controllers' states a checkpoint's state.json recorded (exactly: JSON floats
+        round-trip); a constraint it has no price for (a checkpoint from before its budget) starts at its lambda_init,
+        a pid price it has no state for at its saved price, all of it in the integral term."""
         self.prices.update({name: float(v) for name, v in (saved or {}).items() if name in self.prices})
+        controllers = controllers or {}
+        for name in self.controllers:
+            self.controllers[name] = (PidState.from_json(controllers[name]) if name in controllers
+                                      else PidState(integral=self.prices[name]))
+
+    def controller_states(self) -> dict[str, dict]:
+        """The pid prices' memory as plain JSON data, for state.json ({} where every price is integral)."""
+        return {name: state.to_json() for name, state in self.controllers.items()}
 
     def live(self, shaped: Tensor, estimator: Estimator) -> Tensor:
         """shaped: [B, G, K] -> BoolTensor [B]: groups whose task channels give `estimator` (mrl.algo.advantages) a
@@ -323,6 +344,7 @@ def build_reward_set(rewards_cfg: Any, algo_cfg: Any) -> RewardSet:
                 lambda_lr=ch.lambda_lr,
                 lambda_init=ch.lambda_init,
                 lambda_max=ch.lambda_max,
+                pid=pid_gains(ch),
             )
         )
     if algo_cfg.overlong_buffer > 0:
@@ -396,12 +418,48 @@ def check_budget(name: str, ch: Any) -> None:
         raise UserError(f"{key}.budget={ch.budget} needs {key}.enforce=budget (it is {now}); set "
                         f"{key}.enforce=budget, or drop the budget")
     if not budgeted:
+        if ch.price.kind != PriceKind.integral or any(ch.price[k] is not None for k in PID_DEFAULTS):
+            raise UserError(f"{key}.price prices a budget, and {key}.enforce is not budget: set "
+                            f"{key}.enforce=budget and {key}.budget, or drop {key}.price")
         return
     Bound("budget", 0, fix="the allowed expected cost per episode, e.g. 0.05").check(ch.budget, f"{key}.budget")
     Bound("lambda_lr", 0, strict=True, fix="the dual step, e.g. 0.1").check(ch.lambda_lr, f"{key}.lambda_lr")
     Bound("lambda_max", 0, strict=True, fix="the price's cap, e.g. 10").check(ch.lambda_max, f"{key}.lambda_max")
     Bound("lambda_init", 0, ch.lambda_max, fix=f"a starting price within [0, {key}.lambda_max]").check(
         ch.lambda_init, f"{key}.lambda_init")
+    check_price(key, ch)
+
+
+def pid_gains(ch: Any) -> PidGains | None:
+    """A budgeted channel's pid gains per unit of cost (the config's, relative to the budget, divided by it; an unset
+    key takes PID_DEFAULTS), or None for an integral price or no budget."""
+    if ch.enforce is None or ch.enforce.value != "budget" or ch.price.kind != PriceKind.pid:
+        return None
+    given = {key: ch.price[key] if ch.price[key] is not None else default for key, default in PID_DEFAULTS.items()}
+    kp, ki, kd = absolute_gains(given["kp"], given["ki"], given["kd"], ch.budget)
+    return PidGains(kp, ki, kd, given["ema"], int(given["delay"]), ch.lambda_max)
+
+
+def check_price(key: str, ch: Any) -> None:
+    """A budget's `price`: pid's keys only with kind pid, within their bounds, and a budget above 0 (its gains are
+    relative to it)."""
+    price, gains = ch.price, [k for k in PID_DEFAULTS if ch.price[k] is not None]
+    if price.kind != PriceKind.pid:
+        if gains:
+            raise UserError(f"{key}.price.{gains[0]} is a pid price's setting, and {key}.price.kind is "
+                            f"{price.kind.value}: set {key}.price.kind=pid, or drop {key}.price.{gains[0]}")
+        return
+    if not ch.budget > 0:
+        raise UserError(f"{key}.price.kind=pid needs {key}.budget > 0 (it is {ch.budget:g}): its gains are relative to "
+                        f"the budget; give a budget above 0, or use {key}.price.kind=integral")
+    bounds = [Bound("kp", 0, fix="the proportional gain, e.g. 0.25"),
+              Bound("ki", 0, fix="the integral gain, e.g. 0.005"),
+              Bound("kd", 0, fix="the derivative gain, e.g. 0 or 0.1"),
+              Bound("ema", 0, 1, below_high=True, fix="the EMA's weight on the past, e.g. 0.9"),
+              Bound("delay", 1, fix="steps the derivative looks back, e.g. 10")]
+    for bound in bounds:
+        if price[bound.key] is not None:
+            bound.check(price[bound.key], f"{key}.price.{bound.key}")
 
 
 def check_pass_channel(rewards: Any, names: list[str]) -> None:

@@ -15,7 +15,7 @@ continues exactly whatever model.dtype is (mrl/modeling/precision.py).
                       containers only), and so are deepspeed/'s files for eval, export and init_from
                       (mrl.runs.restore.deepspeed_weights); a resume's DeepSpeed reads them with full pickle, so resume
                       only from runs you trust (the checksums catch damage, not a forged manifest)
-  state.json          step, data position, and the prices (lambda) of the constraints with a budget
+  state.json          step, data position, the prices (lambda) of the constraints with a budget, pid prices' memory
   manifest.json       every file's size and sha256, and the run's algorithm, reward set and number of ranks
                       (mrl/runs/rundir.py)
 A checkpoint is written to a temporary directory, fsynced with its manifest, and renamed into place; `latest` is
