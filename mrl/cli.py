@@ -72,7 +72,7 @@ def hydra_train(config_name: str = "train") -> None:
         # Start-up time: torch and the trainer load once Hydra has composed the config and Preflight passed it.
         from mrl.rewards.channels import RewardError
         from mrl.runs.checkpoint import CheckpointError
-        from mrl.runs.rundir import Interrupted, resume_hint
+        from mrl.runs.rundir import DISK_FAULTS, Interrupted, disk_fault_message, resume_hint
 
         if config_name == "sft":  # (each stage's loop imports torch: loaded only once it runs)
             from mrl.train.sft import sft as run
@@ -90,6 +90,11 @@ def hydra_train(config_name: str = "train") -> None:
             exit_with_error(f"{err}\n(run dir: {run_dir})", code=1, every_rank=True)
         except CheckpointError as err:  # a full disk: the previous checkpoint is intact
             exit_with_error(str(err), code=1)
+        except OSError as err:  # a full or read-only disk under a write that did not say so itself
+            if err.errno not in DISK_FAULTS:
+                raise
+            exit_with_error(disk_fault_message(err, err.filename or run_dir, "continue with trainer.resume=true"),
+                            code=1)
         except Interrupted as err:  # SIGTERM, Ctrl-C: the last completed step is checkpointed
             exit_with_error(f"{err}; {resume_hint(run_dir)}", code=err.exit_code)
         except RuntimeError as err:

@@ -4,6 +4,12 @@
   run was started with (RUN/.hydra/overrides.yaml, and its `--config-dir`), so that it composes the run's config;
   a new override that contradicts a saved one is refused, but for the steps, the save and eval intervals and the
   logger (`EXTENDABLE`: trainer.max_steps=600 goes on to step 600, and `mrl sft`'s sft.steps=600 likewise).
+- The run dir is not trusted for what it makes run: a saved override the resume would re-read that sets Hydra's own
+  config (`hydra.*`: a callback is code Hydra runs at start), names code (`_target_`, `_args_`, any `_key_`), runs
+  generated code outside the sandbox (`*.sandbox`), or interpolates (`${...}`: a resolver may build a `_target_`),
+  and a `--config-dir` recorded in `.hydra/hydra.yaml`, are refused in one line unless the command line gives them
+  again or `--trust-config` says the run dir is trusted (`saved_override_problem`).  mrl's own runs save none of
+  these unless their command line had them.
 - A misspelt config group or choice (`reward=agent_triple`, `algo=gdop`) is one line with the nearest name, where
   Hydra would advise `+reward=...` or list its search path.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 
 import yaml
@@ -19,6 +26,7 @@ import yaml
 from mrl.core.config import CONF_DIR, TrainConfig, UserError
 
 RESUME_FLAG = "--resume"
+TRUST_FLAG = "--trust-config"  # `mrl train --resume RUN --trust-config`: re-read all RUN saved, code included
 TRUE = ("true", "yes", "1", "latest")
 # What a resume may change: how long it goes on, how often it saves and evaluates, where it logs.  Any other key the
 # run was started with is the run's: a new value for it is refused.
@@ -36,8 +44,10 @@ def _split(arg: str) -> tuple[str, str] | None:
 
 def expand_resume(args: list[str]) -> list[str]:
     """`--resume RUN` -> `trainer.resume=true hydra.run.dir=RUN`; then, for a resume into a run dir with saved
-    overrides, those overrides first and the new ones after (a repeat dropped; a contradiction refused)."""
-    args = list(args)
+    overrides, those overrides first and the new ones after (a repeat dropped; a contradiction refused; one that
+    would run code the run dir chose refused unless `--trust-config`, which is taken out of the arguments)."""
+    trusted = TRUST_FLAG in args
+    args = [a for a in args if a != TRUST_FLAG]
     for i, arg in enumerate(args):
         if arg == RESUME_FLAG or arg.startswith(RESUME_FLAG + "="):
             run = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
@@ -62,20 +72,65 @@ def expand_resume(args: list[str]) -> list[str]:
                                 f"{given[key]}: a resume continues that run as it was, so drop {key}={given[key]} "
                                 f"(or start a new run in another hydra.run.dir with trainer.init_from={run_dir})")
             continue
+        problem = None if trusted else saved_override_problem(old)
+        if problem:
+            raise UserError(f"trainer.resume: {saved_file} holds {old[:120]!r}, which {problem}; a resume re-reads "
+                            f"only plain settings: give it on the command line yourself, or pass {TRUST_FLAG} if "
+                            "you trust where this run dir came from")
         if key != "trainer.resume":
             kept.append(old)
-    return _config_dir_of(Path(run_dir).expanduser(), args) + kept + args
+    return _config_dir_of(Path(run_dir).expanduser(), args, trusted) + kept + args
 
 
-def _config_dir_of(run_dir: Path, args: list[str]) -> list[str]:
-    """`--config-dir DIR` the run was started with (.hydra/hydra.yaml), where this command gives none."""
+def saved_override_problem(override: str) -> str | None:
+    """Why a resume must not re-read `override` from a run dir's .hydra/overrides.yaml, in words, or None (Hydra's
+    own grammar parses it, so a spelling of a key or a value cannot hide what it is)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides([override])[0]
+    except HydraException:
+        return "does not parse as an override"
+    keys = [parsed.key_or_group, parsed.package or ""]
+    if any(k == "hydra" or k.startswith(("hydra.", "hydra/")) for k in keys):
+        return "sets Hydra's own config (callbacks, launcher, run dir), which Hydra never saves there"
+    if any(re.fullmatch(r"_\w+_", part) for k in keys for part in re.split(r"[./]", k)):
+        return "names code to build (a _key_ of Hydra's instantiate)"
+    value = parsed.value()
+    if keys[0].split(".")[-1] == "sandbox" and value is not None and str(value) != "bwrap":
+        return "runs generated code outside the sandbox"
+    for leaf in _leaves(value):
+        if isinstance(leaf, str) and "${" in leaf:
+            return "interpolates (a resolver may build code from a string)"
+        if isinstance(leaf, str) and re.fullmatch(r"_\w+_", leaf):
+            return "names code to build (a _key_ of Hydra's instantiate)"
+    return None
+
+
+def _leaves(value) -> list:
+    """Every key and scalar of an override's value (dicts, lists, a sweep's choices)."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in (k, *_leaves(v))]
+    if isinstance(value, (list, tuple)) or hasattr(value, "list"):
+        return [leaf for v in (value if isinstance(value, (list, tuple)) else value.list) for leaf in _leaves(v)]
+    return [value]
+
+
+def _config_dir_of(run_dir: Path, args: list[str], trusted: bool = False) -> list[str]:
+    """`--config-dir DIR` the run was started with (.hydra/hydra.yaml), where this command gives none: refused
+    unless `trusted` (its files name the code a run builds, and hydra.yaml is as easy to edit as the overrides)."""
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in args) or not hydra_file.is_file():
         return []
     sources = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime", {}) \
         .get("config_sources") or []
-    return [arg for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"
-            for arg in ("--config-dir", s["path"])]
+    dirs = [s["path"] for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
+    if dirs and not trusted:
+        raise UserError(f"trainer.resume: {hydra_file} names the config dir {dirs[0]}, whose files name the code the "
+                        f"run builds; a resume reads a config dir only from the command line: give --config-dir "
+                        f"{dirs[0]} again, or pass {TRUST_FLAG} if you trust where this run dir came from")
+    return [arg for path in dirs for arg in ("--config-dir", path)]
 
 
 def check_groups(args: list[str], config_dirs: list[str]) -> None:

@@ -234,7 +234,8 @@ def test_grpo_weighted_sums_that_tie_are_dead_but_gdpo_is_live():
 
 
 def test_an_unknown_estimator_names_the_choices_and_the_registry():
-    with pytest.raises(UserError, match=r"^algo.advantage='reinforce': choose one of grpo, gdpo, gae \(registered in "
+    with pytest.raises(UserError, match=r"^algo.advantage='reinforce': choose one of grpo, gdpo, gae, gd2po, "
+                                        r"gd2po_snr, corrgrpo \(registered in "
                                         r"mrl/algo/advantages.py ESTIMATORS, with @estimator\)$"):
         ESTIMATORS.choose("reinforce")
 

@@ -62,7 +62,8 @@ def test_help_goes_to_hydra(tmp_path):
     result = mrl("train", "--help", cwd=tmp_path)
     assert result.returncode == 0
     assert "== mrl train ==" in result.stdout
-    assert "dapo, gdpo, gdpo_conditioned, gdpo_dapo, grpo, grpo_weighted, ppo" in result.stdout  # Hydra's groups
+    assert "corrgrpo, dapo, gd2po, gd2po_snr, gdpo, gdpo_conditioned, gdpo_dapo, grpo, grpo_weighted, ppo" in \
+        result.stdout  # Hydra's groups
 
 
 @pytest.mark.parametrize("override, expected", [

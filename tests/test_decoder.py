@@ -123,6 +123,23 @@ def test_llama_variants_draw_the_same_tokens(variant):
     assert torch.equal(draw(native_hf_draw, model, sampling, cached=5), draw(hf_decode, model, sampling, cached=5))
 
 
+def test_under_bf16_compute_the_native_decoder_packs_in_bf16_and_picks_hf_greedy_tokens(monkeypatch):
+    """bf16 compute (a CPU with AMX, model.compute_dtype=auto): the MLPs and the output layer computed from bf16
+    packs, and greedy tokens those of HF `generate` under the same autocast."""
+    import mrl.generation.decoder as decoder_module
+    from mrl.modeling.precision import Precision, compute_in
+
+    model = compute_in(family_model("llama", intermediate_size=8192, vocab_size=8192),
+                       Precision(compute=torch.bfloat16, export=torch.float32), CPU)
+    assert NativeDecoder(model).packed_dtype == torch.bfloat16
+    dtypes = set()
+    monkeypatch.setattr(decoder_module, "packed_linear",
+                        lambda x, packed: dtypes.add(packed.weight.dtype) or packed_linear(x, packed))
+    greedy = Sampling(12, greedy=True)
+    assert torch.equal(draw(native_decode, model, greedy, cached=5), draw(hf_decode, model, greedy, cached=5))
+    assert dtypes == {torch.bfloat16}
+
+
 def test_greedy_native_decode_is_hf_greedy():
     model = family_model("qwen3")
     sampling = Sampling(12, greedy=True)
@@ -295,22 +312,44 @@ def test_packed_linear_is_the_linear_layer(bias):
     few and many rows; and a pack is a copy, the weight as it was packed."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 40, bias=bias)
-    packed = pack(linear, 8)
+    packed = pack(linear, 8, torch.float32)
     for x in (torch.randn(8, 24), torch.randn(8, 1, 24), torch.randn(3, 2, 24), torch.randn(300, 24)):
-        out = packed_linear(x, packed, linear.bias)
+        out = packed_linear(x, packed)
         assert out.shape == linear(x).shape and out.is_contiguous()
         torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-6)
     x = torch.randn(8, 24)
     before = linear(x)
     with torch.no_grad():
         linear.weight.mul_(2)
-    torch.testing.assert_close(packed_linear(x, packed, linear.bias), before, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed_linear(x, packed), before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_bf16_pack_computes_what_autocast_computes(bias):
+    """Packed in bf16 (the decoder under bf16 compute): the bf16 product autocast's `linear` gives, from fp32 or
+    bf16 inputs, to bf16's rounding (oneDNN may sum in another order); far from the fp32 product's value otherwise
+    (a pack that stayed fp32 would match that one instead)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 64, bias=bias)
+    with torch.no_grad():
+        linear.bias.normal_() if bias else None
+    packed = pack(linear, 8, torch.bfloat16)
+    assert packed.weight.dtype == torch.bfloat16 and (packed.bias is None or packed.bias.dtype == torch.bfloat16)
+    for x in (torch.randn(8, 256), torch.randn(8, 256).bfloat16()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = linear(x)
+        out = packed_linear(x, packed)
+        assert out.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=1e-2)
+        fp32 = linear(x.float())
+        assert (out.float() - fp32).abs().max() > 1e-4  # the product was rounded to bf16: not fp32's
 
 
 def test_packable_linears_are_the_plain_large_float32_projections_on_a_cpu():
     """A model with 64 x 4096 MLP weights (2^18 elements): the decoder packs its gate, up and down projections and
-    nothing smaller (none of a model with 64 x 2048 MLP weights); none under the model's bf16 autocast, none that
-    carries a hook (ZeRO-3 gathers through hooks), and no adapter's wrapper."""
+    nothing smaller (none of a model with 64 x 2048 MLP weights), none that
+    carries a hook (ZeRO-3 gathers through hooks), and no adapter's wrapper; the same under bf16 autocast (packed in
+    bf16), none under float16."""
     from peft import LoraConfig, get_peft_model
 
     from mrl.modeling.precision import Precision, compute_in
@@ -327,7 +366,11 @@ def test_packable_linears_are_the_plain_large_float32_projections_on_a_cpu():
     assert not {mlp.up_proj for mlp in mlps} & packable_linears(peft_model)
     bf16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
                       Precision(compute=torch.bfloat16, export=torch.bfloat16), CPU)
-    assert packable_linears(bf16) == set()
+    assert packable_linears(bf16) == {p for layer in bf16.model.layers
+                                      for p in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)}
+    fp16 = compute_in(family_model("llama", hidden_size=64, intermediate_size=4096),
+                      Precision(compute=torch.float16, export=torch.float16), CPU)
+    assert packable_linears(fp16) == set()
     model = family_model("llama", hidden_size=64, intermediate_size=4096)
     replaced = model.model.layers[1].mlp.down_proj
     replaced.forward = lambda x: torch.nn.Linear.forward(replaced, x)  # as accelerate's hooks replace forwards
@@ -358,7 +401,7 @@ def test_the_decoder_packs_at_each_call_and_spells_out_only_a_familys_own_plain_
 
     rows = []
     monkeypatch.setattr(decoder_module, "packed_linear",
-                        lambda x, packed, bias: rows.append(x.shape[:-1].numel()) or packed_linear(x, packed, bias))
+                        lambda x, packed: rows.append(x.shape[:-1].numel()) or packed_linear(x, packed))
     ids, mask, _ = grouped_batch()
     request = DecodeRequest(ids, mask, 6, [STOP], PAD)
     before = decoder(request, None)
@@ -372,7 +415,7 @@ def test_the_decoder_packs_at_each_call_and_spells_out_only_a_familys_own_plain_
 
     rows.clear()
     up = mlps[1].up_proj
-    decoder.packed = {up: pack(up, 8)}
+    decoder.packed = {up: pack(up, 8, torch.float32)}
     for n in (decoder_module.PACKED_MIN_ROWS - 1, decoder_module.PACKED_MIN_ROWS, decoder_module.PACKED_MAX_ROWS,
               decoder_module.PACKED_MAX_ROWS + 1):
         decoder._project(up, torch.randn(n, 1, 64))

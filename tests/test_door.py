@@ -22,10 +22,10 @@ KNOWN = ("algo=ppo", "trainer.temperature=0.7", "trainer.top_p=0.9", "trainer.to
          "trainer.micro_batch_size=3", "algo.clip_low=0.1", "algo.clip_high=0.3", "algo.entropy_coef=0.01",
          "algo.kl_coef=0.05", "algo.kl_mode=reward", "algo.vf_coef=0.4", "algo.value_clip=0.25", "algo.adv_eps=1e-5",
          "algo.gamma=0.99", "algo.lam=0.9", "algo.whiten_advantages=false", "algo.loss_agg=token_mean",
-         "algo.gdpo_batch_norm=false", "algo.dynamic_sampling=true", "algo.max_gen_batches=3", "rewards.on_error=drop",
-         "rewards.pass_channel=correctness", "trainer.eval_prompts=5", "trainer.eval_samples=4",
-         "trainer.eval_batch_tokens=999", "trainer.seed=7", "trainer.max_steps=9", "trainer.save_every=3",
-         "trainer.eval_every=2", "trainer.eval_at_start=false", "logger.samples_every=4")
+         "algo.gdpo_batch_norm=false", "algo.gd2po_tau=0.5", "algo.dynamic_sampling=true", "algo.max_gen_batches=3",
+         "rewards.on_error=drop", "rewards.pass_channel=correctness", "trainer.eval_prompts=5",
+         "trainer.eval_samples=4", "trainer.eval_batch_tokens=999", "trainer.seed=7", "trainer.max_steps=9",
+         "trainer.save_every=3", "trainer.eval_every=2", "trainer.eval_at_start=false", "logger.samples_every=4")
 
 
 def test_the_settings_hold_the_configs_values():
@@ -36,7 +36,7 @@ def test_the_settings_hold_the_configs_values():
     assert algo == AlgoSettings(epochs=2, num_mini_batches=4, micro_batch_size=3, loss_agg="token_mean", clip_low=0.1,
                                 clip_high=0.3, entropy_coef=0.01, kl_coef=0.05, kl_mode="reward", vf_coef=0.4,
                                 value_clip=0.25, adv_eps=1e-5, gdpo_batch_norm=False, gamma=0.99, lam=0.9,
-                                whiten_advantages=False, sampling=sampling)
+                                whiten_advantages=False, gd2po_tau=0.5, sampling=sampling)
     assert not algo.single_update  # two epochs, four mini-batches, KL in the reward: the old pass is needed
     protocol, estimator = object(), object()  # held as given
     assert CollectSettings.of(cfg, sampling, protocol, estimator) == CollectSettings(

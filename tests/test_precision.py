@@ -12,6 +12,7 @@ from conftest import compose_config
 from safetensors import safe_open
 
 import mrl.modeling.models
+import mrl.modeling.precision
 import mrl.modeling.trainable
 from mrl.core.config import UserError
 from mrl.modeling.models import Actor, load_causal_lm, resolve_model_path
@@ -46,28 +47,59 @@ def lm_loss(actor) -> torch.Tensor:
 
 @pytest.fixture
 def half_compute_on_cpu(monkeypatch):
-    """Run the GPU policy on CPU: model.dtype=bfloat16/float16 computes (and DeepSpeed trains) in half precision."""
+    """Run the GPU policy on CPU: model.dtype=bfloat16/float16 computes (and DeepSpeed trains) in half precision
+    (float16, which a CPU is refused, included)."""
 
-    def gpu_like(dtype: str, device: torch.device) -> Precision:
+    def gpu_like(dtype: str, device: torch.device, compute: str = "auto") -> Precision:
         wanted = DTYPES[dtype]
         return Precision(compute=None if wanted == torch.float32 else wanted, export=wanted)
 
     monkeypatch.setattr(mrl.modeling.trainable, "precision_for", gpu_like)
-    monkeypatch.setattr(mrl.modeling.models, "precision_for", gpu_like)
+    monkeypatch.setattr(mrl.modeling.precision, "precision_for", gpu_like)
 
 
-def test_policy_by_device(monkeypatch):
-    assert precision_for("bfloat16", CPU) == Precision(compute=None, export=torch.bfloat16)
-    assert precision_for("float32", CPU) == Precision(compute=None, export=torch.float32)
+@pytest.mark.parametrize("amx", [True, False])
+def test_policy_by_device(monkeypatch, amx):
+    monkeypatch.setattr(mrl.modeling.precision, "cpu_has_amx", lambda: amx)
+    auto = torch.bfloat16 if amx else None  # a CPU with AMX computes in bf16; one without, in fp32
+    assert precision_for("bfloat16", CPU) == Precision(compute=auto, export=torch.bfloat16)
+    assert precision_for("float32", CPU) == Precision(compute=auto, export=torch.float32)
+    assert precision_for("float32", CPU, "float32") == Precision(compute=None, export=torch.float32)
+    assert precision_for("float32", CPU, "bfloat16") == Precision(compute=torch.bfloat16, export=torch.float32)
+    with pytest.raises(UserError, match="compute_dtype=float16 on a CPU"):
+        precision_for("float32", CPU, "float16")
+    with pytest.raises(UserError, match="compute_dtype='bf16'.*auto, float32, bfloat16, float16"):
+        precision_for("float32", CPU, "bf16")
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert precision_for("bfloat16", cuda) == Precision(compute=torch.bfloat16, export=torch.bfloat16)
     assert precision_for("float16", cuda) == Precision(compute=torch.float16, export=torch.float16)
     assert precision_for("float32", cuda) == Precision(compute=None, export=torch.float32)
+    assert precision_for("float32", cuda, "bfloat16") == Precision(compute=torch.bfloat16, export=torch.float32)
+    assert precision_for("bfloat16", cuda, "float32") == Precision(compute=None, export=torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)  # pre-Ampere: fp32 compute, bf16 export
     assert precision_for("bfloat16", cuda) == Precision(compute=None, export=torch.bfloat16)
     with pytest.raises(UserError, match="'bf16'.*bfloat16"):
         precision_for("bf16", CPU)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+def test_the_compute_is_said_once_and_bf16_without_amx_is_warned(monkeypatch, capsys, amx):
+    monkeypatch.setattr(mrl.modeling.precision, "cpu_has_amx", lambda: amx)
+    precision = Precision(compute=torch.bfloat16, export=torch.float32)
+    mrl.modeling.precision.announce.cache_clear()
+    for _ in range(2):  # the policy, then the reference: said once
+        compute_in(torch.nn.Linear(2, 2), precision, CPU)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["mrl: compute: bfloat16 (AMX) on cpu, float32 masters, exported in float32"] if amx else \
+        lines == ["mrl: warning: compute: bfloat16 (no AMX): bf16 matmuls run ~27x slower than fp32 on such CPUs; "
+                  "model.compute_dtype=auto computes in fp32 on cpu, float32 masters, exported in float32"]
+
+
+def test_the_tiny_model_computes_in_fp32_and_a_real_model_by_the_hardware():
+    assert compose_config().model.compute_dtype == "float32"
+    assert compose_config("model=smollm2_local").model.compute_dtype == "auto"
+    assert compose_config("model=smollm2_local", "deepspeed=zero2").deepspeed.compute_dtype == "auto"
 
 
 def test_deepspeed_mode_follows_model_dtype(monkeypatch):
@@ -76,8 +108,11 @@ def test_deepspeed_mode_follows_model_dtype(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     on_gpu = deepspeed_config(ds, precision_for(ds.model_dtype, torch.device("cuda")), 4, 1e-6, 0.0)
     assert on_gpu["bf16"] == {"enabled": True} and on_gpu["fp16"] == {"enabled": False}
-    on_cpu = deepspeed_config(ds, precision_for(ds.model_dtype, CPU), 4, 1e-6, 0.0)
-    assert on_cpu["bf16"] == on_cpu["fp16"] == {"enabled": False}
+    on_cpu = deepspeed_config(ds, precision_for(ds.model_dtype, CPU, ds.compute_dtype), 4, 1e-6, 0.0)
+    assert on_cpu["bf16"] == on_cpu["fp16"] == {"enabled": False}  # the tiny model computes in fp32
+    ds = compose_config("deepspeed=zero2", "model.compute_dtype=bfloat16").deepspeed
+    on_amx = deepspeed_config(ds, precision_for(ds.model_dtype, CPU, ds.compute_dtype), 4, 1e-6, 0.0)
+    assert on_amx["bf16"] == {"enabled": True} and on_amx["fp16"] == {"enabled": False}
 
 
 def test_bf16_weights_would_not_train():
@@ -103,8 +138,8 @@ def test_one_step_at_lr_1e6_moves_the_weights_in_bf16():
     assert moved_fraction(before, layer_weights(actor.module.state_dict())) >= 0.9
 
 
-def test_autocast_computes_in_bf16_on_fp32_weights(half_compute_on_cpu, tokenizer):
-    cfg = compose_config("model.dtype=bfloat16")
+def test_autocast_computes_in_bf16_on_fp32_weights(tokenizer):
+    cfg = compose_config("model.compute_dtype=bfloat16")  # what auto picks on a CPU with AMX
     policy = load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU)
     assert all(p.dtype == torch.float32 for p in policy.parameters())
     ids = torch.tensor([[14, 7, 11, 17]])  # "add 3 7 ="
@@ -116,11 +151,12 @@ def test_autocast_computes_in_bf16_on_fp32_weights(half_compute_on_cpu, tokenize
     assert plain(input_ids=ids).logits.dtype == torch.float32
 
 
-def test_deepspeed_bf16_mode_keeps_fp32_masters(half_compute_on_cpu):
-    """DeepSpeed's bf16 mode (run on CPU here): the module computes in bf16, its fp32 masters take the update."""
+def test_deepspeed_bf16_mode_keeps_fp32_masters():
+    """DeepSpeed's bf16 mode (on a CPU with bf16 compute): the module computes in bf16, its fp32 masters take the
+    update."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    cfg = compose_config("model.dtype=bfloat16", "deepspeed=zero2")
+    cfg = compose_config("model.dtype=bfloat16", "model.compute_dtype=bfloat16", "deepspeed=zero2")
     actor = Trainable(Actor(load_causal_lm(resolve_model_path(cfg.model), cfg.model, CPU)), LR, 0.0, 1.0,
                       cfg.deepspeed, 4, CPU)
     assert actor.module_dtype == torch.bfloat16
@@ -215,3 +251,43 @@ def test_trained_weights_of_float32_and_deepspeed_checkpoints(make_cfg, tmp_path
         exported = load_file(ckpt / "policy" / "model.safetensors")
         assert {f"policy.{k}" for k in exported} <= weights.keys()
         assert all(torch.equal(weights[f"policy.{k}"], v) for k, v in exported.items())  # fp32: no rounding
+
+
+def test_bf16_compute_logs_its_logprob_gap_once_and_keeps_the_ratio_at_one(make_cfg, tmp_path):
+    """bf16 compute (what auto picks on a CPU with AMX): the first step logs how far its per-token log-probs are from
+    float32's on the step's rollouts (0 < mean <= max, small); later steps and fp32 runs do not.  Two epochs at lr
+    1e-12: the old log-probs and the new ones come from the same bf16 forward, so every ratio is 1 (no clipping,
+    approx_kl 0), as in fp32 (tests/test_train.py)."""
+    final = train(make_cfg("algo=grpo", "model.compute_dtype=bfloat16", "algo.epochs=2", "trainer.lr=1e-12",
+                           "trainer.max_steps=2"), tmp_path / "bf16")
+    first, second = read_metrics(tmp_path / "bf16" / METRICS_FILE)
+    gap, gap_max = first["perf/precision_logprob_gap"], first["perf/precision_logprob_gap_max"]
+    assert 0 < gap <= gap_max < 0.5  # the tiny model's 32-token distributions, rounded to bf16's 8 bits
+    assert "perf/precision_logprob_gap" not in second
+    assert final["policy/approx_kl"] < 1e-9 and final["clip_frac"] == 0.0
+    train(make_cfg("algo=grpo", "trainer.max_steps=1"), tmp_path / "fp32")
+    assert "perf/precision_logprob_gap" not in read_metrics(tmp_path / "fp32" / METRICS_FILE)[0]
+
+
+def test_the_gap_is_the_difference_of_the_two_forwards(tokenizer):
+    """precision_logprob_gap against the two forwards computed here: the policy under its bf16 autocast, and the same
+    weights loaded without one."""
+    from mrl.generation.rollout import Rollouts, Sampling
+    from mrl.train.update import AlgoSettings, policy_forward, precision_logprob_gap
+
+    cfg = compose_config("model.compute_dtype=bfloat16", "algo=grpo")
+    path = resolve_model_path(cfg.model)
+    actor = Trainable(Actor(load_causal_lm(path, cfg.model, CPU)), LR, 0.0, 1.0, cfg.deepspeed, 4, CPU)
+    plain = Actor(load_causal_lm(path, compose_config().model, CPU)).eval()
+    prompt = torch.tensor([[14, 7, 11, 17]] * 2)  # "add 3 7 =", a group of two
+    completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    batch = Rollouts(prompt, torch.ones_like(prompt), torch.tensor([[3, 9, 2], [5, 2, 0]]), completion_mask,
+                     completion_mask, [None, None], group_size=2)
+    algo = AlgoSettings.of(cfg, Sampling.of(cfg.trainer))
+    measured = precision_logprob_gap(actor, batch, algo)
+    with torch.no_grad():
+        low = policy_forward(actor, batch)[0]
+        full = policy_forward(plain, batch)[0]
+    gap = (low - full).abs()[batch.completion_mask.bool()]
+    assert measured == pytest.approx({"perf/precision_logprob_gap": gap.mean().item(),
+                                      "perf/precision_logprob_gap_max": gap.max().item()})

@@ -155,3 +155,55 @@ def test_the_cli_refuses_the_probe_payload_in_one_line(tmp_path):
     assert result.exit_code == 2 and "resolver 'oc.create'" in result.output, result.output
     assert not victim.exists() and not (run / "eval.json").exists()
     assert os.listdir(run) == [".hydra"]
+
+
+# ---- resume: what it re-reads from the run dir is checked as a foreign config is ------------------------------------
+
+def resumable(tmp_path: Path, saved: list[str], config_dir: str | None = None) -> Path:
+    """A run dir's .hydra/ as Hydra writes it: the task overrides, and hydra.yaml's config sources."""
+    import yaml
+
+    run = tmp_path / "resumed"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(saved))
+    sources = [{"path": config_dir, "schema": "file", "provider": "command-line"}] if config_dir else []
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"config_sources": sources}}}))
+    return run
+
+
+@pytest.mark.parametrize("planted, said", [
+    ("+hydra.callbacks.pwn._target_=pathlib.Path.touch", "sets Hydra's own config"),
+    ("hydra.job.chdir=true", "sets Hydra's own config"),
+    ("hydra/launcher=basic", "sets Hydra's own config"),
+    ("model@hydra.job=tiny", "sets Hydra's own config"),
+    ("rewards.channels.correctness.fn._target_=pathlib.Path.touch", "names code to build"),
+    ("rewards.channels.pass_rate.fn._args_=[1.0,3.0,256,2,process]", "names code to build"),
+    ("+rewards.task.x={_target_: pathlib.Path.touch, self: /tmp/x}", "names code to build"),
+    ("rewards.sandbox=process", "runs generated code outside the sandbox"),
+    ("rewards.channels.pass_rate.fn.sandbox=process", "runs generated code outside the sandbox"),
+    ("rewards.task.seed='${oc.create:{a: 1}}'", "interpolates"),
+    ("rewards.task.seed=${oc.create:{a: 1}}", "does not parse as an override"),
+    ("rewards.task.seed=[1,'${oc.env:HOME}']", "interpolates"),
+])
+def test_a_resume_refuses_what_it_did_not_write_unless_given_again_or_trusted(tmp_path, planted, said):
+    from mrl.overrides import expand_resume
+
+    run = resumable(tmp_path, ["algo=grpo", planted])
+    with pytest.raises(UserError) as err:
+        expand_resume(["--resume", str(run)])
+    assert f"holds {planted[:120]!r}, which {said}" in one_line(err) and "--trust-config" in str(err.value)
+    assert planted in expand_resume(["--resume", str(run), "--trust-config"])  # trusted: re-read, flag taken out
+    assert "--trust-config" not in expand_resume(["--resume", str(run), "--trust-config"])
+    expand_resume(["--resume", str(run), planted])  # given again on the command line: the user's own
+
+
+def test_a_resume_rereads_plain_settings_and_a_recorded_config_dir_only_when_told(tmp_path):
+    from mrl.overrides import expand_resume
+
+    plain = ["algo=grpo", "trainer.seed=3", "rewards.sandbox=bwrap", "~rewards.channels.safety", "algo=gdpo,grpo"]
+    run = resumable(tmp_path, plain, config_dir="/tmp/elsewhere")
+    with pytest.raises(UserError) as err:
+        expand_resume(["--resume", str(run)])
+    assert "names the config dir /tmp/elsewhere" in one_line(err) and "--config-dir /tmp/elsewhere" in str(err.value)
+    assert expand_resume(["--resume", str(run), "-cd", "mine"])[:len(plain)] == plain
+    assert expand_resume(["--resume", str(run), "--trust-config"])[:2] == ["--config-dir", "/tmp/elsewhere"]

@@ -79,14 +79,17 @@ def test_the_windows_shrink_to_half_the_shortest_run_and_say_so():
 
 DIAGNOSED = {"adv/share/correctness": 0.7, "adv/share/safety": 0.3, "groups/dead_frac": 0.25, "clip_frac": 0.1,
              "entropy": 2.0, "constraint/safety/violation_frac": 0.2, "constraint/safety/budget": 0.05,
-             "loss/policy": 0.5}
+             "loss/policy": 0.5, "adv/conflict_frac": 0.4, "adv/corr/correctness~safety": -0.2,
+             "groups/dead_sum_live_channel": 0.1}
 
 
 def test_the_diagnostics_are_drawn_where_logged_and_panels_chooses_any_key():
     runs = [run("x", 0, [0.0, 1.0], **DIAGNOSED)]
     assert diagnostic_panels(runs) == [
         ("adv/share/correctness", "adv/share/correctness", None), ("adv/share/safety", "adv/share/safety", None),
-        ("groups/dead_frac", "groups/dead_frac", None),
+        ("groups/dead_frac", "groups/dead_frac", None), ("adv/conflict_frac", "adv/conflict_frac", None),
+        ("adv/corr/correctness~safety", "adv/corr/correctness~safety", None),
+        ("groups/dead_sum_live_channel", "groups/dead_sum_live_channel", None),
         ("constraint/safety/violation_frac", "constraint/safety/violation_frac", "constraint/safety/budget"),
         ("clip_frac", "clip_frac", None), ("entropy", "entropy", None)]
     assert diagnostic_panels([run("x", 0, [0.0])]) == []  # nothing logged, nothing drawn

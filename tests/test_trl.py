@@ -226,16 +226,19 @@ def test_a_resume_rereads_the_saved_overrides_and_refuses_only_a_contradiction(t
     run = saved_run(tmp_path / "run", ["algo=grpo", "trainer.seed=3"], config_dir="/my/conf")
     expected = ["--config-dir", "/my/conf", "algo=grpo", "trainer.seed=3", "trainer.resume=true",
                 f"hydra.run.dir={run}"]
-    assert expand_resume(["trainer.resume=true", f"hydra.run.dir={run}"]) == expected
-    assert expand_resume(["--resume", str(run), "trainer.max_steps=9"]) == [*expected, "trainer.max_steps=9"]
+    # the recorded config dir is re-read only with --trust-config (tests/test_probe5_trust.py), or given again
+    assert expand_resume(["trainer.resume=true", f"hydra.run.dir={run}", "--trust-config"]) == expected
+    assert expand_resume(["--resume", str(run), "trainer.max_steps=9", "--config-dir", "/my/conf"]) == [
+        "algo=grpo", "trainer.seed=3", "trainer.resume=true", f"hydra.run.dir={run}", "trainer.max_steps=9",
+        "--config-dir", "/my/conf"]
     sft_run = saved_run(tmp_path / "sft", ["sft.steps=10", "sft.save_every=5"])
     assert expand_resume(["--resume", str(sft_run), "sft.steps=30", "sft.save_every=10"])[-2:] == [
         "sft.steps=30", "sft.save_every=10"]  # mrl sft goes on for longer, as mrl train does
-    assert expand_resume(["--resume", str(run), "algo=grpo"]).count("algo=grpo") == 1  # a repeat: once
+    assert expand_resume(["--resume", str(run), "algo=grpo", "-cd", "c"]).count("algo=grpo") == 1  # a repeat: once
     assert expand_resume(["algo=ppo", f"hydra.run.dir={run}"]) == ["algo=ppo", f"hydra.run.dir={run}"]  # no resume
     with pytest.raises(UserError, match=rf"^trainer.resume: {run} was started with algo=grpo; this command gives "
                                         r"algo=gdpo: .* drop algo=gdpo"):
-        expand_resume(["--resume", str(run), "algo=gdpo"])
+        expand_resume(["--resume", str(run), "algo=gdpo", "--trust-config"])
 
 
 @pytest.mark.parametrize("arg, message", [

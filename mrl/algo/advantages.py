@@ -11,6 +11,15 @@ How each departs from PPO (Schulman et al., 2017, GAE: Schulman et al., 2016):
   Eq. 8 conditioned rewards are applied before (mrl/algo/shaping.py: `condition`).
 - DAPO (Yu et al., 2025) keeps GRPO's estimator; its changes (dynamic sampling of live groups, clip-higher,
   token-mean loss, overlong shaping) live in the rollout stage and the loss, not here.
+- GD²PO (arXiv 2606.16771; Qwen-Applications/GD2PO): GDPO's per-channel z, but a rollout whose weighted z's
+  disagree in sign (*in conflict*) is dropped from the loss (`gd2po`), or only where they also nearly cancel,
+  |sum z| / sum |z| < tau (`gd2po_snr`); each group's sum is scaled by its kept share, then whitened over the kept
+  tokens.  Their claim: a rollout good on one channel and bad on another cancels in GDPO's sum.
+- CorrGRPO (arXiv 2609.36820, Eq. 2, Listing 1): GRPO's centered weighted sum, divided per group by
+  sqrt(sum of the channels' Pearson correlation matrix) instead of the sum's std, so a loud channel cannot set the
+  scale and two redundant channels count as less than two.  No batch normalization.
+- RDPO (arXiv 2605.13641) is left out: its quantile normalization and Mahalanobis whitening per active reward subspace
+  are not published in a form that could be checked against the paper.
 
 Constraints with a budget (Constrained GRPO: Girgis et al., 2026, arXiv 2602.05863): a channel enforced by a budget
 enters the weighted sum with its price, a Lagrange multiplier lambda >= 0 learned online (`dual_step`), as its weight.
@@ -28,7 +37,8 @@ and std and gives it 0 on that channel; GRPO and PPO count it 0 in the weighted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Protocol
 
 import torch
@@ -157,6 +167,118 @@ def batch_normalize(summed: Tensor, eps: float = 1e-6) -> Tensor:
     return summed / (flat.std() + eps)
 
 
+# GD²PO (arXiv 2606.16771; Qwen-Applications/GD2PO tool-calling/verl/trainer/ppo/ray_trainer.py): GDPO's z per channel,
+# the rollouts whose channels pull in opposite directions dropped, each group's sum scaled by its kept share, then
+# whitened over the kept tokens.  Their sum has no weights (all 1); here each z is weighted, as GDPO's.
+CONFLICT_EPS = 1e-8  # theirs: a part within 1e-8 of 0 has no sign; also the ratio's denominator guard
+
+
+def gd2po_parts(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """w_k z_k, z_k = (r_k - group mean_k) / (group std_k + eps), std unbiased.  rewards: [B, G, K], NaN = abstained
+    -> [B, G, K].  As `group_normalize` (an abstention, or a channel that does not vary in the group, gets 0); a
+    group of one (G = 1) takes mean 0 and std 1, as their code does: z = r / (1 + eps)."""
+    check_finite(rewards)
+    if rewards.shape[1] == 1:
+        z = torch.nan_to_num(rewards, nan=0.0) / (1.0 + eps)
+    else:
+        z = group_normalize(rewards, eps)
+    return z * _weights(rewards, weights)
+
+
+def in_conflict(parts: Tensor, eps: float = CONFLICT_EPS) -> Tensor:
+    """parts: [B, G, K] (`gd2po_parts`) -> BoolTensor [B, G]: one channel's part above eps and another's below -eps.
+
+    >>> in_conflict(torch.tensor([[[1.0, -0.5], [1.0, 0.0]]])).tolist()
+    [[True, False]]
+    """
+    return (parts > eps).any(-1) & (parts < -eps).any(-1)
+
+
+def conflict_ratio(parts: Tensor, eps: float = CONFLICT_EPS) -> Tensor:
+    """GD²PO's rho = sum_k part_k / (sum_k |part_k| + eps): [B, G, K] -> [B, G], in [-1, 1]; near 0 where the channels
+    cancel, +-1 where they agree."""
+    return parts.sum(-1) / (parts.abs().sum(-1) + eps)
+
+
+def gd2po_keep(parts: Tensor, tau: float | None = None) -> Tensor:
+    """parts: [B, G, K] -> BoolTensor [B, G]: the rollouts GD²PO keeps.  Hard (tau None): those not in conflict.
+    SNR: a rollout in conflict is dropped only where |rho| < tau, tau clamped to [0, 1] (0.8 in their scripts)."""
+    dropped = in_conflict(parts)
+    if tau is not None:
+        dropped &= conflict_ratio(parts).abs() < min(max(float(tau), 0.0), 1.0)
+    return ~dropped
+
+
+def gd2po_scaled(parts: Tensor, keep: Tensor) -> Tensor:
+    """S' = q * sum_k part_k on the kept rollouts, 0 on the dropped; q = the group's kept share (mean over G of the
+    keep mask).  parts: [B, G, K], keep: [B, G] -> [B, G]: the advantage before whitening."""
+    share = keep.to(parts.dtype).mean(dim=1, keepdim=True)  # [B, 1] q
+    summed = parts.sum(-1) * share  # [B, G]
+    return torch.where(keep, summed, torch.zeros_like(summed))
+
+
+def weighted_whiten(values: Tensor, weight: Tensor, eps: float = 1e-8) -> Tensor:
+    """(x - mean) * rsqrt(var + eps) where weight > 0, 0 elsewhere: mean and unbiased variance over the entries counted
+    `weight` times each.  With a rollout's kept token count as its weight this is verl's masked_whiten over the
+    [N, T] tokens (each token of a rollout holds its value).  values, weight: [B, G] -> [B, G]; nothing counted: 0."""
+    weight = weight.to(values.dtype)
+    count = weight.sum()
+    if not bool(count > 0):
+        return torch.zeros_like(values)
+    mean = (values * weight).sum() / count
+    var = (weight * (values - mean) ** 2).sum() / (count - 1).clamp(min=1)
+    return torch.where(weight > 0, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
+
+
+def gd2po_advantages(rewards: Tensor, weights: Tensor | list[float] | None = None, tau: float | None = None,
+                     eps: float = 1e-6, lengths: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """GD²PO, hard (tau None) or SNR.  rewards: [B, G, K], NaN = abstained; lengths: [B, G] tokens per rollout (None:
+    one entry each) -> (advantages [B, G], keep [B, G] bool).  The dropped rollouts get 0 and must leave the loss
+    (the estimator's `kept`); the kept are whitened over their tokens, so a kept rollout whose S' is 0 moves with
+    the batch mean.
+
+    >>> adv, keep = gd2po_advantages(torch.tensor([[[1., 0.], [0., 1.], [1., 1.], [0., 0.]]]))
+    >>> keep.tolist()  # rollouts 0 and 1: one channel above its group mean, the other below
+    [[False, False, True, True]]
+    """
+    parts = gd2po_parts(rewards, weights, eps)  # [B, G, K]
+    keep = gd2po_keep(parts, tau)  # [B, G]
+    counts = keep.to(parts.dtype) * (1.0 if lengths is None else lengths.to(parts.dtype))  # [B, G]
+    return weighted_whiten(gd2po_scaled(parts, keep), counts), keep
+
+
+def corrgrpo_parts(rewards: Tensor, weights: Tensor | list[float] | None = None,
+                   eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """CorrGRPO's pieces: (the weighted channels centered in their group [B, G, K], 0 where a channel does not vary
+    there; the group's denominator sqrt(max(sum_{l,m} rho_lm, 0) + eps) [B, 1]).  rewards: [B, G, K], NaN = abstained
+    (counts 0, as in GRPO's sum)."""
+    check_finite(rewards)
+    filled = torch.nan_to_num(rewards, nan=0.0) * _weights(rewards, weights)  # [B, G, K]: weights folded in
+    moves = varies(filled)  # [B, 1, K]
+    centered = torch.where(moves, filled - filled.mean(dim=1, keepdim=True), torch.zeros_like(filled))
+    cov = centered.transpose(1, 2) @ centered / max(rewards.shape[1] - 1, 1)  # [B, K, K] divisor G - 1
+    var = cov.diagonal(dim1=1, dim2=2)  # [B, K]
+    inv_std = torch.where(moves.squeeze(1) & (var > 0), torch.rsqrt(var), torch.zeros_like(var))  # [B, K]
+    rho = cov * inv_std.unsqueeze(2) * inv_std.unsqueeze(1)  # [B, K, K]; zero rows and columns where it is 0
+    return centered, torch.sqrt(rho.sum(dim=(1, 2)).clamp(min=0) + eps).unsqueeze(1)
+
+
+def corrgrpo_advantages(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """CorrGRPO (Hu et al., 2026, arXiv 2609.36820, Eq. 2 and Listing 1).  rewards: [B, G, K], NaN = abstained
+    (counts 0, as GRPO) -> [B, G]: A = (sum_k w_k r_k - group mean) / sqrt(max(sum_{l,m} rho_lm, 0) + eps), rho the
+    Pearson correlations of the weighted channels within the group (covariance with divisor G - 1; a channel that does
+    not vary there, by exact equality, has a zero row and column, its diagonal too).  Per group only: no batch
+    normalization.  A group whose weighted sum does not vary gets exactly 0 (as `group_normalize`).
+
+    >>> corrgrpo_advantages(torch.tensor([[[0., 0.], [1., 1.]]]))  # two identical channels: sum rho = 4, / 2
+    tensor([[-0.5000,  0.5000]])
+    """
+    centered, denominator = corrgrpo_parts(rewards, weights, eps)  # [B, G, K], [B, 1]
+    total = torch.nan_to_num(rewards, nan=0.0) @ _weights(rewards, weights)  # [B, G]
+    live = varies(total)  # [B, 1]
+    return torch.where(live, centered.sum(-1), torch.zeros_like(total)) / denominator
+
+
 GroupSignal = Callable[[Tensor, "Tensor | list[float] | None"], Tensor]  # ([B, G, K], [K]) -> [B, G]
 
 
@@ -250,6 +372,20 @@ def gdpo_signal(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor
     return gdpo_advantages(rewards, weights, batch_norm=False)
 
 
+
+def gd2po_signal(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
+    parts = gd2po_parts(rewards, weights)
+    return gd2po_scaled(parts, gd2po_keep(parts))
+
+
+def gd2po_snr_signal(rewards: Tensor, weights: Tensor | list[float] | None, gd2po_tau: float = 0.8) -> Tensor:
+    parts = gd2po_parts(rewards, weights)
+    return gd2po_scaled(parts, gd2po_keep(parts, gd2po_tau))
+
+
+def corrgrpo_signal(rewards: Tensor, weights: Tensor | list[float] | None) -> Tensor:
+    return corrgrpo_advantages(rewards, weights)
+
 # Diagnostics: how much each channel drives the advantage.  Each estimator's advantage is (up to one affine map
 # over the batch) a sum of per-channel contributions c_k; a channel's share is its covariance with the advantage.
 
@@ -275,6 +411,24 @@ def batch_contributions(rewards: Tensor, weights: Tensor | list[float] | None = 
     return (filled - filled.mean(dim=(0, 1), keepdim=True)) * _weights(rewards, weights)
 
 
+
+def gd2po_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6,
+                        gd2po_tau: float | None = None) -> Tensor:
+    """[B, G, K] -> [B, G, K] whose sum over K is GD²PO's S' before whitening: q w_k z_k on kept rollouts, 0 on the
+    dropped."""
+    parts = gd2po_parts(rewards, weights, eps)
+    keep = gd2po_keep(parts, gd2po_tau)
+    share = keep.to(parts.dtype).mean(dim=1, keepdim=True).unsqueeze(-1)  # [B, 1, 1]
+    return torch.where(keep.unsqueeze(-1), parts * share, torch.zeros_like(parts))
+
+
+def corrgrpo_contributions(rewards: Tensor, weights: Tensor | list[float] | None = None, eps: float = 1e-6) -> Tensor:
+    """[B, G, K] -> [B, G, K] whose sum over K is corrgrpo_advantages: w_k (r_k - group mean_k) over the group's
+    denominator, 0 in a group whose weighted sum does not vary."""
+    centered, denominator = corrgrpo_parts(rewards, weights, eps)
+    live = varies(torch.nan_to_num(rewards, nan=0.0) @ _weights(rewards, weights)).unsqueeze(-1)  # [B, 1, 1]
+    return torch.where(live, centered / denominator.unsqueeze(-1), torch.zeros_like(centered))
+
 def advantage_shares(contributions: Tensor, advantages: Tensor) -> Tensor:
     """Share of the advantage's variance due to each channel.  contributions [B, G, K], advantages [B, G] -> [K].
 
@@ -294,6 +448,54 @@ def distinct_per_group(advantages: Tensor, decimals: int = 4) -> float:
     return sum(len(torch.unique(group)) for group in rounded) / max(advantages.shape[0], 1)
 
 
+
+# Diagnostics that name the failure a successor of GDPO addresses (logged for every estimator): rollouts whose channels
+# pull apart (GD²PO), channels that move together (CorrGRPO), groups a filter on the summed reward would drop
+# though a channel varies (SkyRL PR #2104, TRL PR #7242: exactly the groups GDPO learns from).
+
+
+def conflict_frac(rewards: Tensor, weights: Tensor | list[float] | None = None) -> float:
+    """Share of the rollouts in conflict (`in_conflict` on `gd2po_parts`): some weighted channel above its group mean,
+    another below.  rewards: [B, G, K], NaN = abstained; a channel of weight 0 never conflicts."""
+    return in_conflict(gd2po_parts(rewards, weights)).float().mean().item()
+
+
+def channel_correlations(rewards: Tensor) -> dict[tuple[int, int], float | None]:
+    """{(a, b): mean over groups of the within-group Pearson correlation of channels a < b}.  rewards: [B, G, K], NaN =
+    abstained: a group counts for a pair where at least two rollouts scored both and both vary there; None where no
+    group does.
+
+    >>> channel_correlations(torch.tensor([[[0., 1., 5.], [1., 0., 5.], [2., -1., 7.]]]))[(0, 1)]
+    -1.0
+    """
+    out: dict[tuple[int, int], float | None] = {}
+    K = rewards.shape[-1]
+    for a in range(K):
+        for b in range(a + 1, K):
+            x, y = rewards[..., a], rewards[..., b]  # [B, G]
+            both = ~torch.isnan(x) & ~torch.isnan(y)
+            x, y = torch.where(both, x, torch.nan), torch.where(both, y, torch.nan)
+            count = both.sum(1, keepdim=True).clamp(min=1)  # [B, 1]
+            dx = torch.where(both, x - torch.nan_to_num(x).sum(1, keepdim=True) / count, torch.zeros_like(x))
+            dy = torch.where(both, y - torch.nan_to_num(y).sum(1, keepdim=True) / count, torch.zeros_like(y))
+            valid = (varies(x) & varies(y)).squeeze(1)  # [B]
+            corr = (dx * dy).sum(1) / ((dx**2).sum(1) * (dy**2).sum(1)).sqrt().clamp(min=1e-30)  # [B]
+            out[(a, b)] = corr[valid].mean().item() if bool(valid.any()) else None
+    return out
+
+
+def dead_sum_live_channel(rewards: Tensor, weights: Tensor | list[float] | None = None) -> float:
+    """Share of groups whose weighted sum does not vary (dead for GRPO, and for any filter on the summed reward) while
+    a channel of non-zero weight does (live for GDPO).  rewards: [B, G, K], NaN = abstained -> a fraction of B.
+
+    >>> dead_sum_live_channel(torch.tensor([[[1., 0.], [0., 1.]], [[1., 1.], [1., 1.]]]))  # group 0: sums 1, 1
+    0.5
+    """
+    w = _weights(rewards, weights)  # [K]
+    dead_sum = ~varies(weighted_sum(rewards, w)).squeeze(1)  # [B]
+    live_channel = (varies(rewards).squeeze(1) & (w != 0)).any(-1)  # [B]
+    return (dead_sum & live_channel).float().mean().item() if rewards.shape[0] else 0.0
+
 # The registry of advantage estimators: the one place where the trainers differ in how they turn rewards into
 # advantages.  Everything else that distinguishes the presets in conf/algo/ (dynamic sampling, clip-higher, loss
 # aggregation, overlong shaping, KL, conditions and constraints) is a config switch that combines with any estimator,
@@ -310,6 +512,7 @@ class Settings(Protocol):
     gamma: float
     lam: float
     whiten_advantages: bool
+    gd2po_tau: float
 
 
 TokenAdvantageFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None", "Tensor | None", Settings],
@@ -330,17 +533,32 @@ class Estimator:
     # ([B, G, K], [K]) -> [B, G]: the advantage a group gets before batch normalization, 0 where it gives none
     # (`live_groups`: DAPO's dynamic sampling, groups/dead_frac*)
     group_signal: GroupSignal
+    # (rewards [B, G, K], weights [K], settings) -> BoolTensor [B, G]: the rollouts the estimator keeps; the others
+    # leave the loss mask (GD²PO's dropped conflicts).  None: it keeps every rollout.
+    kept: Callable[[Tensor, Tensor, Settings], Tensor] | None = None
+    # Settings the group signal and the contributions read as keywords (GD²PO-SNR's tau), bound by `bound`.
+    signal_settings: tuple[str, ...] = ()
+
+    def bound(self, settings: Settings) -> Estimator:
+        """This estimator with its group signal and contributions reading the run's settings (`signal_settings`)."""
+        if not self.signal_settings:
+            return self
+        values = {name: getattr(settings, name) for name in self.signal_settings}
+        return replace(self, group_signal=partial(self.group_signal, **values),
+                       contributions=partial(self.contributions, **values))
 
 
 ESTIMATORS = Registry("algo.advantage", "mrl/algo/advantages.py ESTIMATORS, with @estimator", {})
 
 
 def estimator(name: str, *, signal: GroupSignal, contributions: Callable[[Tensor, Tensor, float], Tensor],
-              group_relative: bool = True, needs_critic: bool = False,
-              reward_kl: bool = False) -> Callable[[TokenAdvantageFn], TokenAdvantageFn]:
+              group_relative: bool = True, needs_critic: bool = False, reward_kl: bool = False,
+              kept: Callable[[Tensor, Tensor, Settings], Tensor] | None = None,
+              signal_settings: tuple[str, ...] = ()) -> Callable[[TokenAdvantageFn], TokenAdvantageFn]:
     """Register the decorated function as the estimator `algo.advantage=name` (the fields: `Estimator`)."""
     def register(fn: TokenAdvantageFn) -> TokenAdvantageFn:
-        ESTIMATORS[name] = Estimator(fn, contributions, group_relative, needs_critic, reward_kl, signal)
+        ESTIMATORS[name] = Estimator(fn, contributions, group_relative, needs_critic, reward_kl, signal, kept,
+                                     signal_settings)
         return fn
     return register
 
@@ -376,3 +594,45 @@ def gae(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, k
     if settings.whiten_advantages:
         advantages = masked_whiten(advantages, mask)
     return advantages, returns
+
+
+def gd2po_kept(rewards: Tensor, weights: Tensor, settings: Settings) -> Tensor:
+    """GD²PO hard's kept rollouts [B, G]: those not in conflict."""
+    return gd2po_keep(gd2po_parts(rewards, weights, settings.adv_eps))
+
+
+def gd2po_snr_kept(rewards: Tensor, weights: Tensor, settings: Settings) -> Tensor:
+    """GD²PO-SNR's kept rollouts [B, G]: those not in conflict, or in conflict with |rho| >= algo.gd2po_tau."""
+    return gd2po_keep(gd2po_parts(rewards, weights, settings.adv_eps), settings.gd2po_tau)
+
+
+def gd2po_tokens(rewards: Tensor, weights: Tensor, mask: Tensor, tau: float | None, eps: float) -> Tensor:
+    """`gd2po_advantages` whitened over the kept rollouts' generated tokens (their mask [N, T]), on each token."""
+    lengths = mask.sum(-1).reshape(rewards.shape[:2])  # [B, G]
+    advantages, _ = gd2po_advantages(rewards, weights, tau, eps, lengths)
+    return broadcast(advantages, mask)
+
+
+@estimator("gd2po", signal=gd2po_signal, contributions=gd2po_contributions, kept=gd2po_kept)
+def gd2po(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+          settings: Settings) -> tuple[Tensor, None]:
+    """GD²PO hard: rollouts in conflict dropped (0 here, and out of the loss mask: `kept`), each group's sum scaled
+    by its kept share, whitened over the kept tokens."""
+    return gd2po_tokens(rewards, weights, mask, None, settings.adv_eps), None
+
+
+@estimator("gd2po_snr", signal=gd2po_snr_signal, signal_settings=("gd2po_tau",),
+           contributions=partial(gd2po_contributions, gd2po_tau=0.8), kept=gd2po_snr_kept)
+def gd2po_snr(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+              settings: Settings) -> tuple[Tensor, None]:
+    """GD²PO-SNR: as gd2po, but a rollout in conflict is dropped only where its channels nearly cancel,
+    |rho| < algo.gd2po_tau."""
+    return gd2po_tokens(rewards, weights, mask, settings.gd2po_tau, settings.adv_eps), None
+
+
+@estimator("corrgrpo", signal=corrgrpo_signal, contributions=corrgrpo_contributions)
+def corrgrpo(rewards: Tensor, weights: Tensor, mask: Tensor, values: Tensor | None, kl_penalty: Tensor | None,
+             settings: Settings) -> tuple[Tensor, None]:
+    """CorrGRPO: `corrgrpo_advantages` (the centered weighted sum over sqrt of the summed channel correlations, per
+    group), one per rollout, on each of its tokens."""
+    return broadcast(corrgrpo_advantages(rewards, weights, settings.adv_eps), mask), None

@@ -150,6 +150,10 @@ class AlgoConfig:
     # null: the channels' own weights.  (Typed Any: OmegaConf cannot merge a dict into a None Dict[str, float].)
     weights: Any = None
     gdpo_batch_norm: bool = True
+    # GD²PO-SNR (advantage=gd2po_snr): a rollout whose channels conflict is dropped where |rho| < gd2po_tau, rho =
+    # sum z / sum |z| (0.8 in every script of theirs; their code's default 0.2).
+    gd2po_tau: float = bounded(0.8, 0, 1, fix="the share of a rollout's channel signal that must agree in sign for it "
+                                             "to stay (0: drop none, 1: drop every conflict); their scripts use 0.8")
     adv_eps: float = bounded(1e-6, 0, strict=True, fix="it keeps the advantage's std away from 0 (1e-6 by default)")
     epochs: int = bounded(1, 1, fix="passes over each batch")  # PPO epochs / GRPO mu
     clip_low: float = bounded(0.2, 0, 1, below_high=True,
@@ -265,9 +269,12 @@ class LoraSettings:
 class ModelConfig:
     # A hub id (`Qwen/Qwen3-0.6B`), a local model directory, or `builtin:tiny` for the built-in model.
     name_or_path: str = MISSING
-    # float32 | bfloat16 | float16: the compute dtype on GPUs and the dtype checkpoints export; trained weights and
-    # optimizer states are float32 whatever it says (mrl/modeling/precision.py).
+    # float32 | bfloat16 | float16: the dtype checkpoints export (and on a GPU, with compute_dtype auto, the dtype it
+    # computes in); trained weights and optimizer states are float32 whatever it says (mrl/modeling/precision.py).
     dtype: str = "float32"
+    # auto | float32 | bfloat16 | float16: the dtype forwards and backwards compute in, under autocast.  auto: bfloat16
+    # on a CPU with AMX (float32 on one without, where bf16 is slow), model.dtype on a GPU.
+    compute_dtype: str = "auto"
     use_chat_template: bool = False  # wrap task prompts with the tokenizer's chat template
     # How agents call tools (mrl/chat/protocols.py): `chat` in the model's own chat format
     # (`<tool_call>{json}</tool_call>`, results as `tool` messages), `words` the built-in tiny model's (a tool's name as
@@ -286,9 +293,11 @@ class ModelConfig:
 class DeepSpeedConfig:
     enabled: bool = False
     stage: int = bounded(0, 0, 3, fix="the ZeRO stage; pick a preset: deepspeed=none|zero1|zero2|zero3")
-    # Read from model.dtype, not set here: bfloat16 (float16) on a GPU turns on DeepSpeed's bf16 (fp16) mode, which
-    # keeps float32 masters and optimizer states in the ZeRO optimizer (mrl/modeling/precision.py).
+    # Read from model.dtype and model.compute_dtype, not set here: a bfloat16 (float16) compute dtype turns on
+    # DeepSpeed's bf16 (fp16) mode, which keeps float32 masters and optimizer states in the ZeRO optimizer
+    # (mrl/modeling/precision.py).
     model_dtype: str = "${model.dtype}"
+    compute_dtype: str = "${model.compute_dtype}"
     gradient_clipping: float = bounded(1.0, 0)
     offload_optimizer: bool = False
     offload_param: bool = False

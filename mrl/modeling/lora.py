@@ -31,7 +31,7 @@ from torch import nn
 
 from mrl.core.config import ModelConfig, UserError
 from mrl.modeling.models import Actor, load_causal_lm, resolve_model_path
-from mrl.modeling.precision import MASTER, cast_state, precision_for
+from mrl.modeling.precision import MASTER, cast_state, model_precision
 from mrl.modeling.trainable import Trainable
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -96,7 +96,7 @@ def load_policy(cfg: ModelConfig, base_path: str, device: torch.device, checkpoi
     from peft import PeftModel, get_peft_model
 
     # Frozen weights need no float32 masters: they take the dtype the device computes in (float32 on a CPU).
-    base = load_causal_lm(base_path, cfg, device, weights=precision_for(cfg.dtype, device).compute or MASTER)
+    base = load_causal_lm(base_path, cfg, device, weights=model_precision(cfg, device).compute or MASTER)
     if policy_dir is None:
         policy = get_peft_model(base, peft_config(cfg))
         # adapter_config.json's pointer to the base model: a directory made absolute, so that it holds from anywhere

@@ -26,7 +26,7 @@ from mrl.algo.losses import linear_token_logprobs, token_logprobs
 from mrl.core.config import ModelConfig, TinyModelSpec, UserError
 from mrl.core.data import hub_unreachable
 from mrl.modeling.local_models import BUILT_LOCALLY
-from mrl.modeling.precision import MASTER, autocast_of, compute_in, precision_for
+from mrl.modeling.precision import MASTER, autocast_of, compute_in, model_precision
 
 BUILTIN_TINY = "builtin:tiny"
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
@@ -159,7 +159,7 @@ def load_causal_lm(path: str, cfg: ModelConfig, device: torch.device, weights: t
     a frozen reference takes the trained module's `module_dtype`, so that both compute alike."""
     from transformers import AutoModelForCausalLM
 
-    precision = precision_for(cfg.dtype, device)
+    precision = model_precision(cfg, device)
     kwargs = {"dtype": weights}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -459,7 +459,7 @@ def load_value_model(path: str, cfg: ModelConfig, device: torch.device) -> Value
     """The critic's backbone comes from the same weights as the policy (a checkpoint's critic/ on resume)."""
     from transformers import AutoModel
 
-    precision = precision_for(cfg.dtype, device)
+    precision = model_precision(cfg, device)
     backbone = AutoModel.from_pretrained(path, dtype=MASTER)
     if cfg.gradient_checkpointing:
         backbone.gradient_checkpointing_enable()

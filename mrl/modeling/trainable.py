@@ -180,7 +180,7 @@ class Trainable:
         self.grad_clip = grad_clip
         # Weights that never train (a LoRA policy's base) stay out of checkpoints: they are where the model came from.
         self.frozen = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
-        self.precision = precision_for(ds.model_dtype, device)
+        self.precision = precision_for(ds.model_dtype, device, getattr(ds, "compute_dtype", None) or "auto")
         params = param_groups(module, lr, lr_by_prefix or {})
         if ds.enabled:
             # DeepSpeed compiles a C++ op on first use: cache it across runs (~30 s saved per run), and clear

@@ -185,9 +185,11 @@ def priced_panels(runs: list[Run]) -> list[tuple[str, str, str | None]]:
                                                    f"constraint/{name}/budget"))]
 
 
-# Drawn by default where logged: scale dominance, dead groups, how often a constraint fires, the update's clipping
-# and entropy (the keys' meaning: README's metrics table).  A `*` matches as in fnmatch.
-DIAGNOSTICS = ("adv/share/*", "groups/dead_frac", "constraint/*/violation_frac", "clip_frac", "entropy")
+# Drawn by default where logged: scale dominance, dead groups, what tells GDPO's successors apart (rollouts in
+# conflict, channels that move together, groups dead on the sum but live on a channel), how often a constraint fires,
+# the update's clipping and entropy (the keys' meaning: README's metrics table).  A `*` matches as in fnmatch.
+DIAGNOSTICS = ("adv/share/*", "groups/dead_frac", "adv/conflict_frac", "adv/corr/*", "groups/dead_sum_live_channel",
+               "constraint/*/violation_frac", "clip_frac", "entropy")
 
 
 def diagnostic_panels(runs: list[Run], chosen: list[str] | None = None) -> list[tuple[str, str, str | None]]:

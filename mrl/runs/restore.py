@@ -17,7 +17,7 @@ from mrl.core import safe_json
 from mrl.core.config import ModelConfig, UserError
 from mrl.modeling.lora import adapter_weights, is_adapter_dir
 from mrl.modeling.models import load_causal_lm, resolve_model_path
-from mrl.modeling.precision import MASTER, compute_in, precision_for
+from mrl.modeling.precision import MASTER, compute_in, model_precision
 from mrl.modeling.trainable import DS_TAG, OPTIMIZER_FILE, load_plain
 from mrl.runs.rundir import LINEAGE_FILE, MANIFEST, checkpoint_problem, foreign_files_problem, weights_problem
 
@@ -127,4 +127,4 @@ def load_for_inference(checkpoint: Path, cfg: ModelConfig, device: torch.device)
     """A checkpoint's policy to sample from (`mrl eval`): policy/ itself, or the base with the adapters merged."""
     if not is_adapter_dir(checkpoint / "policy"):
         return load_causal_lm(str(checkpoint / "policy"), cfg, device)
-    return compute_in(merged_policy(checkpoint, cfg).to(device), precision_for(cfg.dtype, device), device)
+    return compute_in(merged_policy(checkpoint, cfg).to(device), model_precision(cfg, device), device)

@@ -27,10 +27,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import stat
 import threading
 from collections.abc import Iterable
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -74,27 +76,80 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def atomic_write_text(path: Path, text: str | bytes) -> None:
+class DiskFault(UserError):
+    """A write that a full or read-only disk refused: one line naming the path and the fix (`disk_faults`);
+    the file it would have replaced is unchanged and no temp file is left."""
+
+
+DISK_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+@contextmanager
+def disk_faults(path: Path, then: str = "run the command again"):
+    """Turn an OSError of a full disk (ENOSPC, EDQUOT) or a read-only one (EROFS) in the block into a DiskFault naming
+    `path` and the fix, `then` saying what to do once it is fixed; other errors pass as they are."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in DISK_FAULTS:
+            raise
+        raise DiskFault(disk_fault_message(err, path, then)) from None
+
+
+def disk_fault_message(err: OSError, path: Path | str, then: str = "run the command again") -> str:
+    """One line for a full or read-only disk under `path`: what failed, how much is free, the fix."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = f"{shutil.disk_usage(where).free / 2**20:.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    if err.errno == errno.EROFS:
+        return (f"cannot write {path}: its filesystem is read-only; write elsewhere (a dir on a writable disk), or "
+                f"remount it read-write and {then}")
+    quota = "your disk quota is used up" if err.errno == errno.EDQUOT else "no space left on its disk"
+    return f"cannot write {path}: {quota} ({free}); free space there, then {then}"
+
+
+def check_writable(path: Path, then: str = "run the command again") -> None:
+    """A DiskFault, before any work whose result goes to `path`, where the filesystem it would be created on is
+    read-only (statvfs's ST_RDONLY on its nearest existing dir); nothing is created."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if os.statvfs(where).f_flag & os.ST_RDONLY:
+        raise DiskFault(disk_fault_message(OSError(errno.EROFS, os.strerror(errno.EROFS)), path, then))
+
+
+def atomic_write_text(path: Path, text: str | bytes, then: str = "run the command again") -> None:
     """Replace `path` with `text` (or bytes), all or nothing, even across a power cut: write a temp file, fsync,
     rename.  What mrl writes into a run dir or a report's dir goes through here (or open_nofollow): a symlink at
-    `path` is refused (renaming over it would leave its target alone, but say nothing)."""
+    `path` is refused (renaming over it would leave its target alone, but say nothing).  A full or read-only disk is
+    a DiskFault (`then`: what to do once it is fixed), `path` unchanged, the temp file removed."""
     if path.is_symlink():
         open_nofollow(path, os.O_RDONLY)  # raises the one-line refusal
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     if tmp.is_symlink():  # left there to redirect this write: the link goes, its target is not touched
         tmp.unlink()
     mode = "wb" if isinstance(text, bytes) else "w"
-    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), mode) as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with disk_faults(path, then):
+            with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), mode) as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+    except BaseException:
+        if tmp.exists() and not tmp.is_symlink():
+            tmp.unlink()
+        raise
 
 
-def atomic_write_jsonl(path: Path, rows: Iterable[Any]) -> None:
+def atomic_write_jsonl(path: Path, rows: Iterable[Any], then: str = "run the command again") -> None:
     """`atomic_write_text` of `rows` as JSON lines, one a row."""
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows), then)
 
 
 def own_dir(path: Path) -> Path:
@@ -103,7 +158,8 @@ def own_dir(path: Path) -> Path:
     if path.is_symlink():
         raise UserError(f"{path} is a symlink, and mrl writes its files only into its own dirs: remove it "
                         f"(rm {path}) or write elsewhere")
-    path.mkdir(parents=True, exist_ok=True)
+    with disk_faults(path):
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -123,6 +179,7 @@ class RunDirLock:
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"the run dir {self.run_dir} is a file, not a directory: give hydra.run.dir a directory "
                             "(a new path, or a run dir `mrl train` wrote)")
+        new = not self.run_dir.exists()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.key = self.run_dir.resolve()
@@ -132,8 +189,16 @@ class RunDirLock:
             _probe_writable(self.key)
             fd = open_nofollow(self.key / LOCK_FILE, os.O_RDWR | os.O_CREAT)  # not inherited by child processes
         except OSError as err:
+            if new and self.run_dir.is_dir() and not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()  # a refused start leaves no run dir
+            if err.errno in DISK_FAULTS:
+                raise DiskFault(disk_fault_message(err, self.run_dir)) from None
             raise UserError(f"cannot write in the run dir {self.run_dir} ({err.strerror}): give hydra.run.dir a "
                             "writable directory on a local disk") from None
+        if os.fstat(fd).st_nlink > 1:  # a hard link to a file elsewhere: truncating it below would empty that file
+            os.close(fd)
+            raise UserError(f"{self.run_dir / LOCK_FILE} is a hard link to a file elsewhere, and mrl writes a run "
+                            f"dir's files only in place: remove it (rm {self.run_dir / LOCK_FILE}) or use another dir")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -166,12 +231,21 @@ class RunDirLock:
         self.release()
 
 
+PROBE_BYTES = 64 << 10  # more than Hydra's .hydra/*.yaml and a step's metrics line: a full disk fails here
+
+
 def _probe_writable(run_dir: Path) -> None:
-    """Raise OSError unless a file can be created in `run_dir` (a read-only mount or dir refuses it; root's own
-    permission checks pass, a read-only filesystem's do not)."""
+    """Raise OSError unless PROBE_BYTES can be written in `run_dir` (a read-only mount or dir refuses it; root's own
+    permission checks pass, a read-only filesystem's do not; a full disk, ENOSPC, before Hydra writes `.hydra/`)."""
     probe = run_dir / f".mrl.probe{os.getpid()}"
-    os.close(open_nofollow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-    os.unlink(probe)
+    fd = open_nofollow(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        left = memoryview(bytes(PROBE_BYTES))
+        while left:  # a nearly full disk writes short first, then raises ENOSPC
+            left = left[os.write(fd, left):]
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 # ---- checkpoint manifests --------------------------------------------------------------------------------------

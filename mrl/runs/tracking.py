@@ -18,7 +18,7 @@ from typing import Any
 
 from mrl.core.config import UserError
 from mrl.core.distributed import warn
-from mrl.runs.rundir import METRICS_FILE, atomic_write_jsonl, atomic_write_text, open_nofollow
+from mrl.runs.rundir import METRICS_FILE, atomic_write_jsonl, atomic_write_text, disk_faults, open_nofollow
 
 SAMPLES_FILE = "samples.jsonl"  # a few transcripts every logger.samples_every steps (mrl.core.episode.sample_records)
 
@@ -59,6 +59,10 @@ def _record_problem(record: Any) -> str | None:
     return None
 
 
+# What to do once a full disk has space again (the run stopped; its checkpoints are as they were).
+RESUME_AGAIN = "continue from the last checkpoint with trainer.resume=true"
+
+
 class MetricsFile:
     def __init__(self, run_dir: Path, resume_step: int | None = None, previous: Path | None = None):
         """Open run_dir/metrics.jsonl.  On resume from step k, keep the lines of steps <= k (from `previous`, the
@@ -66,21 +70,27 @@ class MetricsFile:
         self.path = run_dir / METRICS_FILE
         if resume_step is not None:
             kept = [r for r in read_metrics(previous or self.path) if r["step"] <= resume_step]
-            atomic_write_jsonl(self.path, kept)
-        self.file = os.fdopen(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
+            atomic_write_jsonl(self.path, kept, RESUME_AGAIN)
+        with disk_faults(self.path, RESUME_AGAIN):
+            self.file = os.fdopen(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a")
 
     def log(self, metrics: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
-        self.file.write(json.dumps(clean) + "\n")
-        self.file.flush()
+        with disk_faults(self.path, RESUME_AGAIN):  # a line cut short by a full disk is dropped when it is read
+            self.file.write(json.dumps(clean) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # the flush of a line `log` could not write, and said so (DiskFault)
+            pass
 
 
 def write_samples(run_dir: Path, records: list[dict[str, Any]]) -> None:
-    with os.fdopen(open_nofollow(run_dir / SAMPLES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    with disk_faults(run_dir / SAMPLES_FILE, RESUME_AGAIN):
+        with os.fdopen(open_nofollow(run_dir / SAMPLES_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def run_labels(cfg, config: dict[str, Any]) -> tuple[str, str | None]:

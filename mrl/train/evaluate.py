@@ -35,7 +35,7 @@ from mrl.modeling.models import BUILTIN_TINY, load_causal_lm, load_tokenizer, qu
 from mrl.modeling.trainable import pick_device
 from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.runs.restore import adapter_base, load_for_inference
-from mrl.runs.rundir import atomic_write_jsonl, atomic_write_text, intact_checkpoint
+from mrl.runs.rundir import atomic_write_jsonl, atomic_write_text, check_writable, disk_faults, intact_checkpoint
 from mrl.runs.trust import run_config
 from mrl.train.collect import Scored
 from mrl.train.validation import validate
@@ -398,6 +398,7 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
                     header: dict[str, Any], out: Path) -> dict[str, Any]:
     """Score `policy` on the held-out prompts of `cfg`'s task and write out/eval.json, out/eval.jsonl and
     out/outcomes.jsonl (every episode's channel values, `outcome_rows`)."""
+    check_writable(out / EVAL_FILE, EVAL_AGAIN)  # a read-only mount: said before the scoring, not after it
     task = build_task(cfg)
     prompts = nonempty_held_out(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
@@ -406,11 +407,15 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
         held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), samples,
                               episode_protocol(cfg, tokenizer, task), reward_set, cfg.trainer.eval_batch_tokens)
     report = {**header, **summarize(held, cfg.rewards.pass_channel)}
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / EVAL_FILE, json.dumps(report, indent=2) + "\n")
-    atomic_write_jsonl(out / EVAL_LINES, prompt_records(held, report["pass_channel"]))
-    atomic_write_jsonl(out / EVAL_OUTCOMES, outcome_rows(held))
+    with disk_faults(out, EVAL_AGAIN):
+        out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / EVAL_FILE, json.dumps(report, indent=2) + "\n", EVAL_AGAIN)
+    atomic_write_jsonl(out / EVAL_LINES, prompt_records(held, report["pass_channel"]), EVAL_AGAIN)
+    atomic_write_jsonl(out / EVAL_OUTCOMES, outcome_rows(held), EVAL_AGAIN)
     return {**report, "out": str(out)}
+
+
+EVAL_AGAIN = "run mrl eval again (--out DIR writes its files elsewhere)"
 
 
 def _cell(value: float | None) -> str:

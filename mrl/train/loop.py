@@ -47,7 +47,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
-from mrl.algo.advantages import ESTIMATORS, Estimator, advantage_shares, distinct_per_group
+from mrl.algo.advantages import (
+    ESTIMATORS,
+    Estimator,
+    advantage_shares,
+    channel_correlations,
+    conflict_frac,
+    dead_sum_live_channel,
+    distinct_per_group,
+)
 from mrl.core import distributed as dist
 from mrl.core.episode import agent_metrics, sample_records
 from mrl.envs.task import Task, build_task, episode_protocol
@@ -70,7 +78,7 @@ from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, wr
 from mrl.runs.warm_start import warm_start
 from mrl.train.collect import Collected, CollectSettings, EveryRank, collect
 from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
-from mrl.train.update import AlgoSettings, Scores, UpdateBatch, score, update, update_metrics
+from mrl.train.update import AlgoSettings, Scores, UpdateBatch, precision_logprob_gap, score, update, update_metrics
 from mrl.train.validation import validate
 
 
@@ -135,7 +143,11 @@ def step_advantages(run: Run, collected: Collected, scores: Scores) -> tuple[Upd
     every = replace(collected.every, kl_penalty=collected.every.gather(scores.kl_penalty))
     advantages, returns = global_advantages(run.estimator, every, run.reward_set.weights, mask, scores.values,
                                             run.algo)  # [N, T], [N, T] | None
-    keep = dist.pad_to(collected.keep.reshape(-1).float(), (mask.shape[0],))  # [N]
+    keep = collected.keep.reshape(-1).float()  # [rows]
+    if run.estimator.kept is not None:  # rollouts the estimator drops (GD²PO's conflicts) leave the loss too
+        kept = run.estimator.kept(every.shaped, run.reward_set.weights.to(every.shaped.dtype), run.algo)  # [B'', G]
+        keep = keep * dist.local_rows(kept.reshape(-1).float(), keep).to(keep.device)
+    keep = dist.pad_to(keep, (mask.shape[0],))  # [N]
     loss_mask = mask * keep.reshape(-1, 1).to(run.device)
     return UpdateBatch(collected.batch, loss_mask, advantages, returns, scores.old_logprobs, scores.ref_logprobs,
                        scores.values), every
@@ -231,6 +243,7 @@ class Run:
     saved_step: int  # the last step checkpointed
     # From a step's first optimizer step to its end (logged), the weights are no longer the last completed step's.
     updating: bool = False
+    precision_gap_due: bool = False  # perf/precision_logprob_gap not logged yet (bf16 compute)
 
     def close(self) -> None:
         self.progress.close()
@@ -243,7 +256,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     """Seeds, models (from the checkpoint to resume, if any), the task and its rewards, the settings the steps read
     (the only reads of `cfg` after it is checked), the sinks."""
     algo, trainer = cfg.algo, cfg.trainer
-    estimator = ESTIMATORS[algo.advantage]
+    estimator = ESTIMATORS[algo.advantage].bound(algo)  # its group signal at this run's settings (gd2po_tau)
     seed_everything(trainer.seed)
     quiet_transformers()
     device = pick_device(trainer.device)
@@ -278,7 +291,8 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
     return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, *settings,
                FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
-               identity, state, completed=dict(state), saved_step=state["step"])
+               identity, state, completed=dict(state), saved_step=state["step"],
+               precision_gap_due=actor.precision.compute is not None)
 
 
 def log_step(run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
@@ -390,6 +404,9 @@ def step_metrics(run: Run, step: int, collected: Collected, every: EveryRank, ba
         if run.reward_set.controllers:  # a pid price's memory (its integral term, the cost's EMA and history)
             run.state["controllers"] = run.reward_set.controller_states()
     metrics.update(updated)
+    if run.precision_gap_due:  # once a run, where it computes in bf16: what that changes in the log-probs
+        metrics.update(precision_logprob_gap(run.actor, collected.batch, run.algo))
+        run.precision_gap_due = False
     generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in collected.rounds))
     metrics.update(clock.metrics(generated_tokens))
     episodes = collected.episodes
@@ -427,8 +444,23 @@ def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set:
         "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
         "dapo/live_groups": collected.num_live,
     })
+    metrics.update(successor_metrics(shaped, all_rewards, reward_set))
     # The shaping statistics are fractions of the batch's rollouts: their row-weighted mean over ranks is the whole.
     metrics.update(dist.mean_over_ranks(collected.shaping_stats, weight=collected.rows))
+    return metrics
+
+
+def successor_metrics(shaped: Tensor, generated: Tensor, reward_set: RewardSet) -> dict[str, float | None]:
+    """What tells GDPO's successors apart (mrl.algo.advantages), on the task channels at the advantage's weights:
+    adv/conflict_frac (GD²PO's rollouts in conflict) and adv/corr/<a>~<b> (CorrGRPO's within-group correlations) on
+    the trained batch's shaped rewards [B', G, K]; groups/dead_sum_live_channel over every group generated [M, G, K]."""
+    task = reward_set.task_channels
+    weights = reward_set.weights[task].to(shaped.dtype)
+    names = [reward_set.names[k] for k in task]
+    metrics: dict[str, float | None] = {"adv/conflict_frac": conflict_frac(shaped[..., task], weights)}
+    for (a, b), corr in channel_correlations(shaped[..., task]).items():
+        metrics[f"adv/corr/{names[a]}~{names[b]}"] = corr
+    metrics["groups/dead_sum_live_channel"] = dead_sum_live_channel(generated[..., task], weights)
     return metrics
 
 

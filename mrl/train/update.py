@@ -20,6 +20,7 @@ from mrl.algo.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, v
 from mrl.core import distributed as dist
 from mrl.generation.rollout import Rollouts, Sampling
 from mrl.modeling.models import position_ids
+from mrl.modeling.precision import in_float32
 from mrl.modeling.trainable import Trainable
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
@@ -47,6 +48,7 @@ class AlgoSettings:
     gamma: float
     lam: float
     whiten_advantages: bool
+    gd2po_tau: float
     sampling: Sampling  # the loss scores the distribution the sampler drew from: its temperature, top_k / top_p
 
     @staticmethod
@@ -55,7 +57,7 @@ class AlgoSettings:
         return AlgoSettings(algo.epochs, trainer.num_mini_batches, trainer.micro_batch_size, algo.loss_agg,
                             algo.clip_low, algo.clip_high, algo.entropy_coef, algo.kl_coef, algo.kl_mode,
                             algo.vf_coef, algo.value_clip, algo.adv_eps, algo.gdpo_batch_norm, algo.gamma, algo.lam,
-                            algo.whiten_advantages, sampling)
+                            algo.whiten_advantages, algo.gd2po_tau, sampling)
 
     @property
     def single_update(self) -> bool:
@@ -294,3 +296,19 @@ def value_forward(critic, batch: Rollouts) -> Tensor:
     attention_mask = batch.attention_mask
     values = critic(batch.input_ids, attention_mask, position_ids(attention_mask))
     return values[:, batch.prompt_ids.shape[1] - 1:-1].float()
+
+def precision_logprob_gap(actor: Trainable, batch: Rollouts, algo: AlgoSettings) -> dict[str, float]:
+    """perf/precision_logprob_gap (the mean) and perf/precision_logprob_gap_max: |log-prob in the compute dtype -
+    log-prob in float32| per generated token of `batch`, under the policy as it is now: what bf16 compute changes
+    (mrl/modeling/precision.py), measured on real rollouts."""
+    def logprobs() -> Tensor:  # [N, T]
+        return score_rollouts(actor, None, None, batch, algo.micro_batch_size, algo.sampling.temperature,
+                              warp=algo.sampling.truncation()).old_logprobs
+
+    with actor.whole():
+        low = logprobs()
+        with in_float32(actor.module.policy):
+            full = logprobs()
+    gap = (low - full).abs()[batch.completion_mask.bool()]  # [generated tokens]
+    return {"perf/precision_logprob_gap": dist.mean_over_ranks({"gap": gap.mean().item()})["gap"],
+            "perf/precision_logprob_gap_max": dist.max_over_ranks(gap.max().item())}
