@@ -125,7 +125,7 @@ bench: $(STAMP) ## mrl vs TRL's GRPOTrainer, median step time, tiny model and Sm
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench.py $(ARGS)
 
-bench-step: $(SMOLLM2)/model.safetensors ## One BFCL RL step (issue 45's: 4 x 6 x 64, from train-bfcl's SFT start, built once): this tree vs BASE's checkout vs TRL, rollout/update s, tokens, GFLOP/s vs matmul peak (~20-40 min)
+bench-step: $(SMOLLM2)/model.safetensors ## One BFCL RL step (issue 45's: 4 x 6 x 64, from train-bfcl's SFT start, built once): this tree in its compute dtype (bf16 with AMX) and in fp32 vs BASE's checkout vs TRL, rollout/update s, tokens, GFLOP/s vs each dtype's matmul peak (~30-50 min)
 	@$(BENCH_DEPS)
 	@test -d $(or $(BASE),/tmp/base45) || git worktree add $(or $(BASE),/tmp/base45) 8b63511
 	$(BIN)/python scripts/bench_step.py --base $(or $(BASE),/tmp/base45) $(ARGS)

@@ -1,17 +1,18 @@
 """make bench-step: what one BFCL RL step costs, on this commit, on an earlier commit, and in TRL, side by side.
 
-    python scripts/bench_step.py [--base /tmp/base45] [--steps 3] [--threads 1] [--arms mrl,base,trl]
+    python scripts/bench_step.py [--base /tmp/base45] [--steps 3] [--threads 1] [--arms mrl,mrl32,base,trl]
 
 The step is issue 45's (`make train-bfcl`'s RL setting as of 8b63511): SmolLM2-135M-Instruct, BFCL
 simple_python's train prompts with their own functions as tools (chat template), GDPO, 4 prompts x 6 rollouts,
-64 new tokens, micro-batches of 12, fp32 on a CPU.  Every arm starts from the same warm start (`--start sft`, the
+64 new tokens, micro-batches of 12, on a CPU.  Every arm starts from the same warm start (`--start sft`, the
 default): `make train-bfcl`'s SFT stage (its SFT settings, seed 0, 10 steps), exported as a model dir to
 outputs/bench/sft-start, built on first use (~3 min on quiet cores) and reused while there.  From there the groups
 are live and rollouts end before the 64-token limit, as in the RL stage the step is taken from; `--start instruct`
 starts from the instruct model itself, whose rollouts mostly run to the limit.
 
 Arms, each in its own process, taking turns one step each (the order rotating every step), pinned to the same
-cores with `--threads` torch threads (scripts/bench.py's machinery): `mrl` (this tree), `base` (the same script
+cores with `--threads` torch threads (scripts/bench.py's machinery): `mrl` (this tree, model.compute_dtype=auto:
+bf16 on a CPU with AMX), `mrl32` (this tree in float32), `base` (the same script
 with `--base`'s checkout first on PYTHONPATH: `git worktree add /tmp/base45 8b63511`, the commit before issue 45)
 and `trl` (TRL's GRPOTrainer on the same prompts as text, the same group size, budget and sampling; a stand-in
 reward, which changes nothing of its work).  The first step of each is a warm-up (`--warmup`).
@@ -20,8 +21,9 @@ Per arm, medians over the timed steps: rollout and update seconds (wall and CPU;
 `_generate_and_score_completions`), tokens the model computed in each phase (every id its embedding layer read,
 padding included) against the unique tokens (each distinct prompt once, each transcript token once), and the
 update's achieved GFLOP/s: 6 x (decoder weights x tokens computed + output layer x scored tokens) per second, the
-rate of the arithmetic the update did per CPU second, against the fp32 matmul peak of the same cores and threads
-per CPU second, measured before and after the steps (a 1024 x 1024 matmul, best of 30); and beside it the same
+rate of the arithmetic the update did per CPU second, against the matmul peak of the dtype the arm computes in, on
+the same cores and threads per CPU second, both dtypes' peaks measured before and after the steps (a 1024 x 1024
+matmul, best of 30); and beside it the same
 with attention's products counted (12 x layers x query heads x head dim a causal (query, key) pair of the unique
 tokens, forward and backward: the attention term of PaLM's model-FLOPs count).
 """
@@ -41,7 +43,10 @@ from typing import Any
 import bench
 from bench import ROOT, Hooks, clocks, load_average, report, worker_cores
 
-ARMS = ("mrl", "base", "trl")
+ARMS = ("mrl", "mrl32", "base", "trl")
+# mrl's arms: this tree computing in model.compute_dtype=auto (bf16 on a CPU with AMX) and in float32; base and trl
+# compute in float32.
+COMPUTE = {"mrl": "auto", "mrl32": "float32"}
 P, G, TOKENS, MICRO = 4, 6, 64, 12
 TRAIN_BFCL = ("model=smollm2_local", "rewards=bfcl", "algo=gdpo", f"trainer.prompts_per_step={P}",
               f"trainer.group_size={G}", f"trainer.max_new_tokens={TOKENS}", "trainer.lr=2e-6",
@@ -52,11 +57,12 @@ TRAIN_BFCL = ("model=smollm2_local", "rewards=bfcl", "algo=gdpo", f"trainer.prom
 SFT_START = ROOT / "outputs" / "bench" / "sft-start"
 
 
-def bfcl_config(steps: int, model: Path | None = None):
+def bfcl_config(steps: int, model: Path | None = None, compute: str | None = None):
     from hydra import compose, initialize_config_dir
 
     CONF_DIR = bench.own_module("mrl.core.config").CONF_DIR  # importing it registers the schemas
     start = [f"model.name_or_path={model}"] if model else []
+    start += [f"model.compute_dtype={compute}"] if compute else []
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=[*TRAIN_BFCL, *start, f"trainer.max_steps={steps}",
                                            f"trainer.save_every={steps}"])
@@ -127,8 +133,9 @@ def attention_pairs(rollouts) -> int:
     return int((prompts * (prompts + 1) // 2).sum() + (transcript * own + transcript * (transcript + 1) // 2).sum())
 
 
-def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
-    """mrl's `train` (this tree's, or `--base`'s: whichever `mrl` imports), every id its embedding reads counted."""
+def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None, compute: str | None) -> None:
+    """mrl's `train` (this tree's, or `--base`'s: whichever `mrl` imports) in model.compute_dtype=`compute` (None:
+    the base's own, float32), every id its embedding reads counted."""
     phase = {"name": "rollout"}
 
     def phases(name, fn):
@@ -139,6 +146,7 @@ def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
                     lambda _m, inputs: hooks.counts.__setitem__(
                         f"{phase['name']}_tokens", hooks.counts[f"{phase['name']}_tokens"] + inputs[0].numel()))
                 hooks.weights = weights(model)
+                hooks.compute = str(getattr(model, "compute_dtype", None) or "torch.float32")
             if name != "update":
                 return fn(*args, **kwargs)
             phase["name"], start = "update", clocks()
@@ -152,10 +160,10 @@ def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None) -> None:
                                     attention_pairs=attention_pairs(batch.rollouts),
                                     mean_length=float(batch.rollouts.completion_mask.sum()) / batch.rows,
                                     scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
-                                    **hooks.weights)
+                                    compute=hooks.compute, **hooks.weights)
         return counted
 
-    bench.mrl_config = lambda shape, n, engine="auto": bfcl_config(n, model)
+    bench.mrl_config = lambda shape, n, engine="auto": bfcl_config(n, model, compute)
     bench.run_mrl(bench.SHAPES["smollm2"], steps, hooks, phases=phases)
 
 
@@ -220,16 +228,21 @@ def worker(arm: str, steps: int, threads: int, model: Path | None) -> None:
 
     torch.set_num_threads(threads)
     hooks = StepHooks(steps)
-    (run_trl_arm if arm == "trl" else run_mrl_arm)(steps, hooks, model)
+    if arm == "trl":
+        return run_trl_arm(steps, hooks, model)
+    run_mrl_arm(steps, hooks, model, COMPUTE.get(arm))
 
 
-def matmul_peak(threads: int, n: int = 1024, tries: int = 30) -> float:
-    """fp32 GFLOP/s of an n x n matmul on these cores per CPU second (as the update's rate: load from other jobs
-    stretches the wall clock, not the CPU time), the best of `tries`."""
+PEAK_DTYPES = ("torch.float32", "torch.bfloat16")
+
+
+def matmul_peak(threads: int, dtype: str = "torch.float32", n: int = 1024, tries: int = 30) -> float:
+    """GFLOP/s of an n x n matmul in `dtype` on these cores per CPU second (as the update's rate: load from other
+    jobs stretches the wall clock, not the CPU time), the best of `tries`."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = (torch.randn(n, n).to(getattr(torch, dtype.removeprefix("torch."))) for _ in range(2))
     best = float("inf")
     for _ in range(tries):
         start = time.process_time()
@@ -257,11 +270,15 @@ class Worker(bench.Worker):
                                      preexec_fn=lambda: os.sched_setaffinity(0, cores))
 
 
-def summary(got: list[dict[str, Any]], peak: float) -> dict[str, float]:
+def summary(got: list[dict[str, Any]], peaks: dict[str, float]) -> dict[str, Any]:
+    """Medians of an arm's timed steps; its GFLOP/s against the matmul peak of the dtype it computed in."""
+    compute = got[0].get("compute", "torch.float32")
+    peak = peaks[compute]
     med = lambda key: statistics.median(r[key] for r in got)  # noqa: E731
     row = {key: med(key) for key in ("wall_s", "cpu_s", "rollout_wall_s", "rollout_cpu_s", "update_wall_s",
                                      "update_cpu_s", "rollout_tokens", "update_tokens")}
     row["mean_length"] = statistics.mean(r["mean_length"] for r in got)
+    row["compute"] = compute.removeprefix("torch.")
     if "body_weights" in got[0]:
         flops = [6 * (r["body_weights"] * r["update_tokens"] + r["head_weights"] * r.get("scored_tokens", 0))
                  for r in got]
@@ -279,18 +296,20 @@ def summary(got: list[dict[str, Any]], peak: float) -> dict[str, float]:
     return row
 
 
-def table(rows: dict[str, dict[str, float]], peak: float) -> str:
-    lines = ["| arm | rollout s (CPU) | update s (CPU) | step s (CPU) | step s (wall) | tokens computed: rollout / "
-             "update | unique tokens | update GFLOP/s | % of peak | with attention: GFLOP/s, % of peak | "
-             "mean completion |", "|---|" + "---|" * 10]
+def table(rows: dict[str, dict[str, Any]], peaks: dict[str, float]) -> str:
+    lines = ["| arm | compute | rollout s (CPU) | update s (CPU) | step s (CPU) | step s (wall) | tokens computed: "
+             "rollout / update | unique tokens | update GFLOP/s | % of its dtype's peak | with attention: GFLOP/s, "
+             "% of peak | mean completion |", "|---|" + "---|" * 11]
     for arm, r in rows.items():
         lines.append(
-            f"| {arm} | {r['rollout_cpu_s']:.2f} | {r['update_cpu_s']:.2f} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} | "
+            f"| {arm} | {r['compute']} | {r['rollout_cpu_s']:.2f} | {r['update_cpu_s']:.2f} | {r['cpu_s']:.2f} | "
+            f"{r['wall_s']:.2f} | "
             f"{r['rollout_tokens']:.0f} / {r['update_tokens']:.0f} | {r.get('unique_tokens', float('nan')):.0f} | "
             f"{r.get('gflops', float('nan')):.1f} | {100 * r.get('peak_share', float('nan')):.0f}% | "
             f"{r.get('gflops_attention', float('nan')):.1f}, "
             f"{100 * r.get('peak_share_attention', float('nan')):.0f}% | {r['mean_length']:.1f} |")
-    lines.append(f"\nfp32 matmul peak of the same cores: {peak:.1f} GFLOP/s")
+    lines.append("\nmatmul peaks of the same cores: " + ", ".join(f"{dtype.removeprefix('torch.')} {peak:.1f} GFLOP/s"
+                                                                for dtype, peak in peaks.items()))
     for arm in rows:
         if arm != "mrl" and "mrl" in rows:
             for key in ("cpu_s", "rollout_cpu_s", "update_cpu_s", "wall_s"):
@@ -325,7 +344,7 @@ def main() -> None:
     model = sft_start() if args.start == "sft" else None
     print(f"start: {model or 'the instruct model'}", flush=True)
     os.sched_setaffinity(0, worker_cores(args.threads))
-    peaks = [matmul_peak(args.threads)]
+    peaks = {dtype: [matmul_peak(args.threads, dtype)] for dtype in PEAK_DTYPES}
     total = args.steps + args.warmup
     workers = {arm: Worker(arm, total, args.threads, logs / f"step-{arm}.log", args.base, model) for arm in arms}
     got: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
@@ -342,10 +361,12 @@ def main() -> None:
     finally:
         for w in workers.values():
             w.close()
-    peaks.append(matmul_peak(args.threads))
-    peak = max(peaks)
+    for dtype in PEAK_DTYPES:
+        peaks[dtype].append(matmul_peak(args.threads, dtype))
+    peak = {dtype: max(both) for dtype, both in peaks.items()}
     rows = {arm: summary(got[arm], peak) for arm in arms}
-    print(f"load average after: {load_average()}; matmul peak before / after: {peaks[0]:.1f} / {peaks[1]:.1f}")
+    print(f"load average after: {load_average()}; matmul peaks before / after: "
+          + ", ".join(f"{dtype} {a:.1f} / {b:.1f}" for dtype, (a, b) in peaks.items()))
     print(table(rows, peak))
     (logs / "bench_step.json").write_text(json.dumps({"start": str(model or "instruct"), "peak_gflops": peaks,
                                                       "rows": rows, "raw": got}, indent=1))
