@@ -131,8 +131,9 @@ def test_every_preset_composes_with_every_rewards_or_refuses_naming_the_channel(
         with pytest.raises(UserError) as err:
             validate(cfg)
         message = one_line(err.value)
-        if rewards == "bfcl_agent":  # all of grpo_weighted's channels, and one more
-            assert "algo=grpo_weighted gives no weight for turns" in message
+        extra = {"bfcl_agent": "turns", "agent_triple_judged": "judge"}  # all of grpo_weighted's channels, and one more
+        if rewards in extra:
+            assert f"algo=grpo_weighted gives no weight for {extra[rewards]}" in message
         else:
             assert "which rewards=" in message and "efficiency" in message
         return
