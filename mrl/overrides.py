@@ -59,10 +59,13 @@ def expand_resume(args: list[str]) -> list[str]:
     run_dir = given.get("hydra.run.dir", "").strip("'\"")
     if str(given.get("trainer.resume", "")).lower() not in TRUE or not run_dir:
         return args
+    from mrl.runs.rundir import refuse_planted  # (imports no torch: a refused resume stays fast)
+
+    refuse_planted(Path(run_dir).expanduser(), "hydra.run.dir")  # before anything in it is read, or written
     saved_file = Path(run_dir).expanduser() / ".hydra" / "overrides.yaml"
     if not saved_file.is_file():
         return args
-    saved = [str(o) for o in yaml.safe_load(saved_file.read_text()) or []]
+    saved = _saved_yaml(saved_file, list)
     kept = []
     for old in saved:
         key, value = _split(old) or (old, "")
@@ -80,6 +83,21 @@ def expand_resume(args: list[str]) -> list[str]:
         if key != "trainer.resume":
             kept.append(old)
     return _config_dir_of(Path(run_dir).expanduser(), args, trusted) + kept + args
+
+
+def _saved_yaml(path: Path, kind: type):
+    """A run dir's .hydra/ file as the `kind` (list or dict) Hydra wrote, or a one-line refusal naming it."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise UserError(f"trainer.resume: {path} cannot be read ({type(err).__name__}); restore the file Hydra wrote "
+                        "there, or start a new run in another hydra.run.dir") from None
+    if loaded is None:
+        return kind()
+    if not isinstance(loaded, kind):
+        raise UserError(f"trainer.resume: {path} holds a {type(loaded).__name__}, not the {kind.__name__} Hydra "
+                        "writes there; restore the file Hydra wrote, or start a new run in another hydra.run.dir")
+    return [str(o) for o in loaded] if kind is list else loaded
 
 
 def saved_override_problem(override: str) -> str | None:
@@ -123,9 +141,11 @@ def _config_dir_of(run_dir: Path, args: list[str], trusted: bool = False) -> lis
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     if any(a in ("--config-dir", "-cd") or a.startswith("--config-dir=") for a in args) or not hydra_file.is_file():
         return []
-    sources = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime", {}) \
-        .get("config_sources") or []
-    dirs = [s["path"] for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"]
+    hydra = _saved_yaml(hydra_file, dict).get("hydra")
+    runtime = hydra.get("runtime") if isinstance(hydra, dict) else None
+    sources = runtime.get("config_sources") if isinstance(runtime, dict) else None
+    dirs = [str(s.get("path")) for s in (sources if isinstance(sources, list) else []) if isinstance(s, dict)
+            and s.get("provider") == "command-line" and s.get("schema") == "file"]
     if dirs and not trusted:
         raise UserError(f"trainer.resume: {hydra_file} names the config dir {dirs[0]}, whose files name the code the "
                         f"run builds; a resume reads a config dir only from the command line: give --config-dir "

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +210,124 @@ def test_a_resume_rereads_plain_settings_and_a_recorded_config_dir_only_when_tol
     assert "names the config dir /tmp/elsewhere" in one_line(err) and "--config-dir /tmp/elsewhere" in str(err.value)
     assert expand_resume(["--resume", str(run), "-cd", "mine"])[:len(plain)] == plain
     assert expand_resume(["--resume", str(run), "--trust-config"])[:2] == ["--config-dir", "/tmp/elsewhere"]
+
+
+# ---- links: nothing mrl, Hydra or W&B write in a run dir follows one -----------------------------------------------
+
+MRL = [sys.executable, "-m", "mrl"]
+
+
+def mrl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*MRL, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A one-step run of the default config, checkpointed, with its held-out evaluation (held_out/) and W&B's
+    offline files (wandb/, W&B's own links in it): a resume of a copy passes every check below but the planted."""
+    root = tmp_path_factory.mktemp("probe5")
+    run = root / "run"
+    result = mrl("train", "trainer.max_steps=1", "trainer.save_every=1", "trainer.prompts_per_step=2",
+                 "trainer.group_size=2", "trainer.eval_every=1", "trainer.eval_prompts=2", f"hydra.run.dir={run}",
+                 cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert (run / "held_out").is_dir() and (run / "wandb" / "latest-run").is_symlink()
+    return run
+
+
+def copy_of(run: Path, where: Path) -> Path:
+    shutil.copytree(run, where, symlinks=True)
+    return where
+
+
+def plant(run: Path, name: str, victim: Path) -> Path:
+    """`run`/`name` replaced by a symlink to `victim` (a file, or a dir for a dir)."""
+    link = run / name
+    shutil.rmtree(link) if link.is_dir() and not link.is_symlink() else link.unlink(missing_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim)
+    return link
+
+
+@pytest.mark.parametrize("name", [".hydra/config.yaml", "mrl.log", "held_out", "wandb"])  # the probe's four
+def test_a_resume_writes_nothing_through_a_planted_link(trained, tmp_path, name):
+    run = copy_of(trained, tmp_path / "run")
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir if name in ("held_out", "wandb") else victim_dir / "bashrc"
+    if victim != victim_dir:
+        victim.write_text("victim\n")
+    link = plant(run, name, victim)
+    result = mrl("train", "--resume", str(run), "trainer.max_steps=2", "logger=wandb", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("mrl: error:")]
+    assert len(lines) == 1 and f"{link} is a symlink (to {victim})" in lines[0], result.stderr
+    assert sorted(os.listdir(victim_dir)) == ([] if victim == victim_dir else ["bashrc"])
+    assert victim == victim_dir or victim.read_text() == "victim\n"
+    assert (run / "metrics.jsonl").read_text() == (trained / "metrics.jsonl").read_text()  # no step was trained
+
+
+@pytest.mark.parametrize("name", [".hydra", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "samples.jsonl", "wandb_id",
+                                  "metrics.jsonl", "held_out/step_000001.jsonl", "wandb/offline-run-*/files"])
+def test_every_link_in_a_run_dir_is_refused_before_its_resume_reads_it(trained, tmp_path, name):
+    """The same refusal without a process: `expand_resume` looks before it reads .hydra/, and `check_run_dir`
+    (RunDirGuard, train(), sft(), each job of a sweep) before anything is written."""
+    from mrl.overrides import expand_resume
+    from mrl.runs.rundir import check_run_dir
+
+    run = copy_of(trained, tmp_path / "run")
+    name = next(run.glob(name)).relative_to(run).as_posix() if "*" in name else name  # W&B's run: one dir
+    link = plant(run, name, tmp_path)
+    with pytest.raises(UserError) as err:
+        expand_resume(["--resume", str(run)])
+    assert f"{link} is a symlink (to {tmp_path})" in one_line(err)
+    with pytest.raises(UserError) as err:
+        check_run_dir(OmegaConf.create({"trainer": {"resume": True}}), run)
+    assert f"{link} is a symlink" in one_line(err)
+
+
+def test_a_new_run_writes_nothing_through_a_link_in_its_dir(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.log"
+    victim.write_text("victim\n")
+    (run / "mrl.log").symlink_to(victim)
+    result = mrl("train", "trainer.max_steps=1", "logger=none", f"hydra.run.dir={run}", cwd=tmp_path)
+    assert result.returncode == 2 and f"{run / 'mrl.log'} is a symlink" in result.stderr, result.stderr
+    assert victim.read_text() == "victim\n" and sorted(os.listdir(run)) == [".mrl.lock", "mrl.log"]
+
+
+def test_hard_links_fifos_and_wandbs_own_links(tmp_path):
+    from mrl.runs.rundir import LOCK_FILE, RunDirLock, planted_problem
+
+    run = tmp_path / "run"
+    (run / "wandb" / "offline-run-1" / "logs").mkdir(parents=True)
+    for own in ("wandb/latest-run", "wandb/debug.log", "wandb/offline-run-1/logs/debug-core.log"):
+        (run / own).symlink_to(tmp_path)
+    assert planted_problem(run) is None  # W&B's own links: replaced by a rename, or in a W&B run's own dir
+    victim = tmp_path / "victim"
+    victim.write_text("victim\n")
+    os.link(victim, run / LOCK_FILE)  # the lock file truncated, then the pid written: into the victim
+    with pytest.raises(UserError) as err:
+        RunDirLock(run).acquire()
+    assert "is a hard link" in one_line(err) and victim.read_text() == "victim\n"
+    assert "mrl.lock is a hard link (2 names of one file)" in planted_problem(run)
+    (run / LOCK_FILE).unlink()
+    os.mkfifo(run / "mrl.log")  # Hydra's log handler would wait on it for ever
+    assert planted_problem(run) == f"{run / 'mrl.log'} is not a regular file (a FIFO, socket or device)"
+    (run / "mrl.log").unlink()
+    (run / "wandb" / "offline-run-1" / "files").symlink_to(tmp_path)
+    assert planted_problem(run).startswith(f"{run / 'wandb' / 'offline-run-1' / 'files'} is a symlink")
+
+
+def test_a_sweep_dir_with_a_planted_link_is_refused_before_any_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / "0_gdpo_seed0").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (sweep / "0_gdpo_seed0" / ".hydra").symlink_to(victim)
+    result = mrl("train", "-m", "trainer.max_steps=1", "logger=none", "algo=gdpo", f"hydra.sweep.dir={sweep}",
+                 cwd=tmp_path)
+    assert result.returncode == 2 and f"{sweep / '0_gdpo_seed0' / '.hydra'} is a symlink" in result.stderr, \
+        result.stderr
+    assert os.listdir(victim) == []

@@ -603,10 +603,46 @@ def logged_steps(run_dir: Path) -> int:
     return sum(1 for line in path.read_bytes().splitlines() if line.strip()) if path.exists() else 0
 
 
+# The links W&B itself keeps in RUN_DIR/wandb/: latest-run and the two logs, each replaced by a rename (a link planted
+# there is replaced, not written through: wandb.sdk.wandb_init._safe_symlink), and each W&B run's link to its core
+# log in ~/.cache (wandb-core), in the run's own dir, which a later start never writes again (a new W&B run dir).
+WANDB_LINKS = re.compile(r"wandb/(latest-run|debug\.log|debug-internal\.log|[^/]+/logs/debug-core\.log)")
+
+
+def planted_problem(run_dir: Path) -> str | None:
+    """The first entry of `run_dir` that a write by mrl, Hydra or W&B would follow out of the run dir, in words
+    naming it, or None: a symlink anywhere in it (.hydra/config.yaml, mrl.log, held_out/, wandb/: Hydra opens its
+    files with open(), W&B and the held-out files write into a dir wherever it leads) but W&B's own (WANDB_LINKS),
+    anything but a regular file or a directory (a FIFO at mrl.log blocks the start for ever), or a file with a
+    second hard link outside checkpoints/ (appended to, or truncated, in place).  Only looks (lstat)."""
+    for root, dirs, files in os.walk(run_dir):  # followlinks=False: a link to a dir is listed, not entered
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            info = path.lstat()
+            where = path.relative_to(run_dir).as_posix()
+            if stat.S_ISLNK(info.st_mode):
+                if not WANDB_LINKS.fullmatch(where):
+                    return f"{path} is a symlink (to {os.readlink(path)[:120]})"
+            elif not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
+                return f"{path} is not a regular file (a FIFO, socket or device)"
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not where.startswith(f"{CHECKPOINTS}/"):
+                return f"{path} is a hard link ({info.st_nlink} names of one file)"
+    return None
+
+
+def refuse_planted(directory: Path, key: str) -> None:
+    """`planted_problem` of a run (or sweep) dir as one line; `key` is the setting that names another dir."""
+    problem = planted_problem(directory)
+    if problem:
+        raise UserError(f"{problem}: mrl, Hydra and W&B write a run dir's files only in place, and this write would "
+                        f"land elsewhere; remove it, or use another {key}")
+
+
 def check_run_dir(cfg, run_dir: Path) -> Path | None:
     """The checkpoint this run resumes from (None: a new run), after refusing, in one line, a start that would lose
     or mix up work: a new run over a run dir that holds one, no intact checkpoint to resume, a changed algorithm or
-    reward set.  The caller holds the run dir's lock."""
+    reward set, a link planted in the run dir (`planted_problem`).  The caller holds the run dir's lock."""
+    refuse_planted(run_dir, "hydra.run.dir")
     resume_from = resolve_resume(cfg.trainer.resume, run_dir)
     if resume_from is not None:
         check_compatible(resume_from, cfg)
@@ -638,7 +674,8 @@ class RunDirGuard(Callback):
         dist.announce_run_dir(str(run_dir))
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        self._guard(Path(str(OmegaConf.select(config, "hydra.sweep.dir"))), lambda: None)
+        sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+        self._guard(sweep_dir, lambda: refuse_planted(sweep_dir, "hydra.sweep.dir"))
 
     def on_run_end(self, config, **kwargs) -> None:
         if self.lock is not None:
