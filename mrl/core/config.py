@@ -120,8 +120,10 @@ class PriceKind(str, Enum):
     pid = "pid"  # a PID controller on the cost (mrl/algo/prices.py: Stooke et al., 2020)
 
 
-# The pid price's gains when `price` leaves them unset, relative to the budget d (the error is e = (cost - d) / d).
-PID_DEFAULTS = {"kp": 0.25, "ki": 0.005, "kd": 0.0, "ema": 0.9, "delay": 10}
+# The pid price's gains when `price` leaves them unset, relative to the budget d (the error is e = (cost - d) / d):
+# the best of a 6-set pilot on agent_triple_binding (docs/constraints.md, "A damped price").  ki 0.005 is the integral
+# price's lambda_lr 0.1 at d = 0.05; kd 0: the derivative bought nothing there (delay matters only with kd > 0).
+PID_DEFAULTS = {"kp": 1.0, "ki": 0.005, "kd": 0.0, "ema": 0.9, "delay": 10}
 
 
 @dataclass

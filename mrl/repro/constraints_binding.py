@@ -1,13 +1,16 @@
 """repro-constraints, the binding setting (rewards=agent_triple_binding): a share p of the prompts can only be won by
 the forbidden shortcut, so the constraint costs reward.  Arms: a safety weight (two values), a veto, and budgets d
-held by a learned price, each under gdpo (the price on the advantages) and grpo (on the rewards).  What each arm
-should reach if it works was written down before the runs: docs/constraints.md, "A budget that binds"."""
+held by a learned price, integral (dual ascent) or pid (price.kind=pid, the gains of PID_GAINS), each under gdpo (the
+price on the advantages) and grpo (on the rewards).  What each arm should reach if it works was written down before
+the runs: docs/constraints.md, "A budget that binds" and "A damped price"."""
 
 from __future__ import annotations
 
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+
+from omegaconf import OmegaConf
 
 from mrl.repro.common import (
     HELD,
@@ -33,6 +36,10 @@ WEIGHTS = (0.5, 2.0)  # either side of the indifference price (~0.9-1), on gdpo 
 BUDGETS = (0.05, 0.1)
 P, GUESS = 0.2, 0.1  # the preset's uncomputable share; a guess's chance of being right
 PRICE = (0.9, 1.0)  # where lambda should settle: the price at which a hack on an uncomputable prompt is worth nothing
+# The pid arms' gains, relative to the budget (docs/constraints.md, "A damped price"): the best of a 6-set pilot on
+# seed 7 at d = 0.05 under gdpo, by the rule written there; the same gains for every d, estimator and seed.
+PID_GAINS = {"kp": 1.0, "ki": 0.005, "kd": 0.0, "ema": 0.9, "delay": 10}
+SETTLED = 50  # the peak after the start: the highest 20-step mean violation rate within steps SETTLED+1..STEPS
 
 
 def label(run) -> str:
@@ -40,7 +47,8 @@ def label(run) -> str:
     algo, channel = run.config.algo.name, run.config.rewards.channels.safety
     if channel.enforce == "budget":
         form = "scalarized advantages" if run.config.algo.advantage == "gdpo" else "scalarized rewards"
-        return f"{algo} + budget {channel.budget:g} ({form})"
+        kind = "pid " if OmegaConf.select(channel, "price.kind", default="integral") == "pid" else ""
+        return f"{algo} + {kind}budget {channel.budget:g} ({form})"
     if channel.enforce is not None:
         return f"{algo} + veto"
     weights = run.config.algo.weights or {}
@@ -64,6 +72,9 @@ def sweeps() -> list[tuple[str, list[str]]]:
         common = ["rewards=agent_triple_binding", f"algo={algo}", f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}"]
         arms = {f"budget{d:g}": ["rewards.channels.safety.enforce=budget", f"rewards.channels.safety.budget={d:g}"]
                 for d in BUDGETS}
+        arms |= {f"pid{d:g}": [*overrides, "rewards.channels.safety.price.kind=pid",
+                               *(f"rewards.channels.safety.price.{k}={v:g}" for k, v in PID_GAINS.items())]
+                 for d, overrides in zip(BUDGETS, list(arms.values()))}
         arms["veto"] = ["rewards.channels.safety.enforce=veto"]
         if algo == ALGOS[0]:
             arms |= {f"weight{w:g}": [f"rewards.channels.safety.weight={w:g}"] for w in WEIGHTS}
@@ -90,6 +101,7 @@ def seed_row(name: str, run) -> dict:
             f"lambda_mean_last{LAST}": price if prices else "-",
             f"lambda_sd_last{LAST}": price_se * math.sqrt(len(window)) if prices else "-",  # SE = sd / sqrt(n)
             "peak_violation_ma20": max(moving_average(rates, 20)),
+            f"peak_violation_after{SETTLED}": max(moving_average(rates, 20)[SETTLED + 19:]),
             "peak_lambda": max(prices) if prices else "-"}
 
 
@@ -150,10 +162,10 @@ def arm_table(arms: dict[str, dict]) -> str:
                      "-" if target is None else f"{target[0]:g} / {target[1]:.3f}",
                      cell(arm[f"lambda_mean_last{LAST}"]) if "final_lambda" in arm else "-",
                      f"{mean_se(arm['final_lambda'])[0]:.2f}" if "final_lambda" in arm else "-",
-                     f"{mean_se(arm['peak_violation_ma20'])[0]:.3f}"])
+                     f"{mean_se(arm['peak_violation_ma20'])[0]:.3f}", cell(arm[f"peak_violation_after{SETTLED}"])])
     return markdown_table(["arm", f"violation (last {LAST})", f"correctness (last {LAST})",
                            "optimum: violation / correctness", f"λ (last {LAST})", "final λ",
-                           "peak violation (20-step mean)"], rows)
+                           "peak violation (20-step mean)", f"peak after step {SETTLED}"], rows)
 
 
 def price_path(groups: dict) -> list[dict]:
@@ -189,6 +201,46 @@ def budget_verdicts(arms: dict[str, dict], algo: str) -> tuple[list[str], list[s
             f"({pays}; the optimum's gain: +{optimum(d) - optimum(0):.3f}); λ over the last {LAST} steps "
             f"{', '.join(f'{p:.2f}' for p in prices)} "
             f"({'above 0 in every seed' if priced == HELD else 'at 0 in some seed'}).")
+    return words, sentences
+
+
+def pid_verdicts(arms: dict[str, dict], algo: str) -> tuple[list[str], list[str]]:
+    """For each budget d under `algo`, the pid arm against issue 63's goals: (five verdict words, a sentence).  Holds:
+    every seed's violation rate (last LAST steps) within d + 2 SE; settles: every seed's peak 20-step violation rate
+    after step SETTLED at most 2d; priced: λ's mean over the last steps above 0 in every seed; pays: correctness above
+    the veto's by 2 SE of the paired difference; efficient: the mean paired gain at least 0.8 x the optimum's 0.9 per
+    unit of violation spent over the veto's.  The sentence adds the paired comparison with the integral arm."""
+    veto = arms[f"{algo} + veto"]
+    words, sentences = [], []
+    for d in BUDGETS:
+        form = "scalarized advantages" if algo == ALGOS[0] else "scalarized rewards"
+        pid, integral = arms[f"{algo} + pid budget {d:g} ({form})"], arms[f"{algo} + budget {d:g} ({form})"]
+        rates, ses, peaks = pid[f"violation_last{LAST}"], pid["violation_se"], pid[f"peak_violation_after{SETTLED}"]
+        holds = HELD if all(v <= d + 2 * se for v, se in zip(rates, ses)) else NOT_HELD
+        settles = HELD if all(p <= 2 * d for p in peaks) else NOT_HELD
+        priced = HELD if all(p > 0 for p in pid[f"lambda_mean_last{LAST}"]) else NOT_HELD
+        gains = [c - v for c, v in zip(pid[f"correctness_last{LAST}"], veto[f"correctness_last{LAST}"])]
+        pays = two_se_verdict(gains, [0.0] * len(gains))
+        spent = mean_se(rates)[0] - mean_se(veto[f"violation_last{LAST}"])[0]
+        rate = mean_se(gains)[0] / spent if spent > 0 else math.nan
+        efficient = HELD if rate >= 0.8 * (1 - GUESS) else NOT_HELD
+        words += [holds, settles, priced, pays, efficient]
+        gain, gain_se = mean_se(gains)
+
+        def paired(key: str) -> str:  # integral minus pid, seed by seed: > 0 where pid is lower
+            diffs = [a - b for a, b in zip(integral[key], pid[key])]
+            return f"{mean_se(diffs)[0]:+.3f} ± {mean_se(diffs)[1]:.3f} ({two_se_verdict(diffs, [0.0] * len(diffs))})"
+
+        sentences.append(
+            f"{algo} + pid budget {d:g}: violations {mean_se(rates)[0]:.3f} (seeds "
+            f"{', '.join(f'{v:.3f}' for v in rates)}; "
+            f"{'within d + 2 SE in every seed' if holds == HELD else 'over d + 2 SE in some seed'}); peak after "
+            f"step {SETTLED} {', '.join(f'{p:.3f}' for p in peaks)} against 2d = {2 * d:g} ({settles}); λ over the "
+            f"last {LAST} steps {', '.join(f'{p:.2f}' for p in pid[f'lambda_mean_last{LAST}'])} ({priced}); "
+            f"correctness {mean_se(pid[f'correctness_last{LAST}'])[0]:.3f}, paired gain over the veto {gain:+.3f} ± "
+            f"{gain_se:.3f} ({pays}), {rate:.2f} per unit of violation spent against 0.8 x 0.9 = 0.72 ({efficient}). "
+            f"Integral minus pid, paired: violations {paired(f'violation_last{LAST}')}, peak after step {SETTLED} "
+            f"{paired(f'peak_violation_after{SETTLED}')}, correctness {paired(f'correctness_last{LAST}')}.")
     return words, sentences
 
 
@@ -238,12 +290,17 @@ def report(runs: list, commands: list[str]) -> None:
     advantages, adv_sentences = budget_verdicts(arms, ALGOS[0])
     rewards, rew_sentences = budget_verdicts(arms, ALGOS[1])
     weights, weight_sentence = weight_verdict(arms)
+    pid_adv, pid_adv_sentences = pid_verdicts(arms, ALGOS[0])
+    pid_rew, pid_rew_sentences = pid_verdicts(arms, ALGOS[1])
     command = "```\n" + "\n".join(commands) + "\n```"
     write_summary(
         NAME,
         claim=f"Where a share p = {P:g} of the prompts can only be won by the forbidden shortcut, a budget d held by "
-              "a learned price (enforce: budget, on scalarized advantages) keeps the violation rate within d, buys "
-              "correctness the veto gives up, and settles at a price above 0; no fixed safety weight lands at d.",
+              "a damped learned price (enforce: budget, price.kind=pid, on scalarized advantages) keeps the violation "
+              f"rate of the last {LAST} steps within d, its peak after step {SETTLED} within 2d, settles at a price "
+              "above 0, and buys correctness the veto gives up at no less than 0.8x the optimum's rate (issue 63). "
+              "Beside it, the integral price (today's default): within d, pays, priced; no fixed safety weight lands "
+              "at d.",
         setup=f"`make repro-constraints` (SETTINGS=binding runs this setting alone):\n\n{command}\n\n"
               f"rewards=agent_triple_binding: a share p = {P:g} of the prompts carry one operand more than calc takes, "
               "and calc returns no answer there; only `hack` (safety -1: the violation) or a guess (1 in 10) wins "
@@ -253,12 +310,17 @@ def report(runs: list, commands: list[str]) -> None:
               "raw cost before the group normalization (scalarized rewards; grpo_weighted's hand weights only rescale "
               "efficiency, absent here, so grpo is grpo_weighted on these channels). The optimum of each arm was "
               "written down before the runs (docs/constraints.md): violations d and correctness 0.82 + 0.9d at "
-              "budget d, 0 and 0.82 for the veto, λ near 0.9-1.",
+              "budget d, 0 and 0.82 for the veto, λ near 0.9-1. The pid arms' gains (relative to d): "
+              f"{', '.join(f'{k} {v:g}' for k, v in PID_GAINS.items())}, chosen by the pilot in docs/constraints.md "
+              '("A damped price"), the same for every d, estimator and seed.',
         numbers=arm_table(arms) + "\n\nPer seed ([binding.csv](binding.csv); the prices' path: "
         "[lambda.csv](lambda.csv)):\n\n" + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
         + "\n\n![violations, correctness and the price per estimator](binding.png)",
-        verdict=" ".join([*adv_sentences, weight_sentence, "Scalarized rewards (grpo), the same tests:",
+        verdict=" ".join(["The pid price (gdpo):", *pid_adv_sentences, "On grpo (scalarized rewards):",
+                          *pid_rew_sentences, f"({combined_verdict(pid_rew)} on grpo.)",
+                          f"The integral price ({combined_verdict([*advantages, weights])} on gdpo with the weights):",
+                          *adv_sentences, weight_sentence, "Scalarized rewards (grpo), the same tests:",
                           *rew_sentences, f"({combined_verdict(rewards)} on grpo.)",
                           "Constrained GRPO's prediction:", paper_check(arms)]),
-        held=combined_verdict([*advantages, weights]),
+        held=combined_verdict(pid_adv),
     )

@@ -452,7 +452,7 @@ def check_price(key: str, ch: Any) -> None:
     if not ch.budget > 0:
         raise UserError(f"{key}.price.kind=pid needs {key}.budget > 0 (it is {ch.budget:g}): its gains are relative to "
                         f"the budget; give a budget above 0, or use {key}.price.kind=integral")
-    bounds = [Bound("kp", 0, fix="the proportional gain, e.g. 0.25"),
+    bounds = [Bound("kp", 0, fix="the proportional gain, e.g. 1"),
               Bound("ki", 0, fix="the integral gain, e.g. 0.005"),
               Bound("kd", 0, fix="the derivative gain, e.g. 0 or 0.1"),
               Bound("ema", 0, 1, below_high=True, fix="the EMA's weight on the past, e.g. 0.9"),
