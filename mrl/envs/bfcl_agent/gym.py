@@ -31,12 +31,14 @@ from __future__ import annotations
 import ast
 import copy
 import decimal
+import gc
 import importlib
 import inspect
 import json
 import math
 import signal
 import threading
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -67,6 +69,10 @@ CALL_SECONDS = 2.0
 MAX_INT = 2 ** 53
 MAX_PRECISION = 1000  # digits a `precision` argument may ask for (BFCL's ground truth asks for at most 10)
 MAX_CALLS = 500  # calls of one episode the checks run (beyond: failed, and a violation)
+# The bytes of results one world (an episode) hands out, all calls together: beyond, a result is cut, marked (a
+# policy's `find` over a tree it grew with `cp` returned 1.2 GB; BFCL's ground truth stays far below it).
+RESULT_BYTES = 1 << 20
+RESULTS_CUT = f" ... [cut: this episode's tool results reached {RESULT_BYTES} bytes]"
 ADDED_FUNCTIONS = "I have updated some more functions you can choose from. What about now?"  # BFCL's words
 
 Call = tuple[str, dict]  # (function name, arguments by name)
@@ -254,6 +260,7 @@ class World:
     methods: dict[str, Any] = field(init=False)  # public method name -> bound method
     param_types: dict[str, dict[str, str]] = field(init=False)  # function -> {parameter: BFCL type}
     data: dict[Any, dict[str, Any]] = field(init=False)  # module -> this world's copy of its mutable data
+    result_bytes: int = field(init=False, default=0)  # the bytes of the results handed out so far (RESULT_BYTES)
 
     def __post_init__(self) -> None:
         self.instances, self.methods, self.data = {}, {}, {}
@@ -286,14 +293,36 @@ class World:
 
         precision = mpmath.mp.dps
         method = self.methods[name]
+        cut = False
         try:
             with _installed(self.data, getattr(method, "__func__", None)), decimal.localcontext(), \
                     _time_limit(CALL_SECONDS):
-                return _result_text(method(**arguments))
+                text = _result_text(method(**arguments))
         except Exception as err:  # the environment's own errors (wrong types, unknown files) are results
-            return f"Error during execution: {str(err)[:1000]}"
+            cut = isinstance(err, CallTimeout)
+            traceback.clear_frames(err.__traceback__)  # the cut call's locals (a half-built result) go now
+            text = f"Error during execution: {str(err)[:1000]}"
         finally:
             mpmath.mp.dps = precision
+        return self._kept(text, cut)
+
+    def _kept(self, text: str, cut: bool) -> str:
+        """`text` within what is left of the episode's RESULT_BYTES (cut to it, marked), counted.  After a cut call or
+        a result over the bound, the garbage collector runs: BFCL's methods build their results in closures that
+        refer to themselves (`find`'s recursive_search), reference cycles that would keep a half-built or oversized
+        result alive until a full collection, which may be many calls away."""
+        left = RESULT_BYTES - self.result_bytes
+        head = text[:left + 1].encode("utf-8", "surrogatepass")  # left + 1 characters tell whether it passes `left`
+        if len(head) <= left and len(text) <= left:
+            self.result_bytes += len(head)
+        else:
+            large = len(text) > 1 << 16
+            text = head[:left].decode("utf-8", "ignore") + RESULTS_CUT
+            self.result_bytes = RESULT_BYTES
+            cut = cut or large
+        if cut:
+            gc.collect()
+        return text
 
     def call_string(self, text: str) -> tuple[str, str]:
         """(name, result) of a ground-truth call string; positional values are named by the method's signature."""
