@@ -122,3 +122,37 @@ def test_weights_miss_the_budgets_unless_one_lands_within_two_se_of_one():
     # 0.05 +- 0.006: within 2 SE of the budget 0.05
     landed = {"violation_last100": [0.04, 0.05, 0.06], "correctness_last100": [0.9] * 3}
     assert weight_verdict({"gdpo, safety weight 0.5": over, "gdpo, safety weight 1": landed})[0] == "NOT HELD"
+
+
+def pid_arm(rates, peaks, prices, correct, d):
+    return {"budget": [d] * 3, "violation_last100": list(rates), "violation_se": [0.005] * 3,
+            "peak_violation_after50": list(peaks), "lambda_mean_last100": list(prices),
+            "correctness_last100": list(correct)}
+
+
+def test_a_pid_budget_is_judged_on_the_five_goals_and_paired_with_the_integral_one():
+    from mrl.repro.constraints_binding import pid_verdicts
+
+    veto = {"correctness_last100": [0.80, 0.82, 0.81], "violation_last100": [0.0, 0.01, 0.005]}
+    form = "(scalarized advantages)"
+    arms = {
+        "gdpo + veto": veto,
+        # d = 0.05: within 0.05 + 2 * 0.005 = 0.06 in every seed; peaks <= 0.1 = 2d; lambda > 0; paired gains 0.05,
+        # 0.04, 0.05 (mean 0.0467, SE 0.0033: HELD); spent 0.05 - 0.005 = 0.045: 1.04 per unit >= 0.72.
+        f"gdpo + pid budget 0.05 {form}": pid_arm((0.05, 0.055, 0.045), (0.08, 0.09, 0.1), (0.7, 0.8, 0.9),
+                                                  (0.85, 0.86, 0.86), 0.05),
+        f"gdpo + budget 0.05 {form}": pid_arm((0.08, 0.09, 0.07), (0.15, 0.2, 0.1), (0.7, 0.8, 0.9),
+                                              (0.88, 0.89, 0.86), 0.05),
+        # d = 0.1: a seed at 0.13 > 0.11; a peak 0.25 > 0.2; a price at 0; gains 0.06, 0.01, 0.04 (mean 0.0367, SE
+        # 0.0145: HELD); spent 0.11 - 0.005 = 0.105: 0.35 per unit < 0.72.
+        f"gdpo + pid budget 0.1 {form}": pid_arm((0.1, 0.13, 0.1), (0.15, 0.25, 0.1), (0.5, 0.0, 0.5),
+                                                 (0.86, 0.83, 0.85), 0.1),
+        f"gdpo + budget 0.1 {form}": pid_arm((0.1, 0.13, 0.1), (0.15, 0.25, 0.1), (0.5, 0.1, 0.5),
+                                             (0.86, 0.83, 0.85), 0.1),
+    }
+    words, sentences = pid_verdicts(arms, "gdpo")
+    assert words == ["HELD"] * 5 + ["NOT HELD", "NOT HELD", "NOT HELD", "HELD", "NOT HELD"]
+    # integral - pid, seed by seed: violations 0.03, 0.035, 0.025 (mean 0.030, SE 0.003: HELD, pid lower)
+    assert "Integral minus pid, paired: violations +0.030 ± 0.003 (HELD)" in sentences[0]
+    assert "1.04 per unit of violation spent" in sentences[0] and "0.35 per unit" in sentences[1]
+    assert "violations +0.000 ± 0.000 (NOT RESOLVED)" in sentences[1]  # the same runs: no difference
