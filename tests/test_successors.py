@@ -66,6 +66,11 @@ def test_corrgrpo_a_constant_channel_has_a_zero_row_and_column():
     out = corrgrpo_advantages(rewards)
     assert_close(out[0], torch.tensor([-0.5, 0.5], dtype=F64) / math.sqrt(1 + EPS), **TOL)
     assert torch.equal(out[1], torch.zeros(2, dtype=F64))
+    # Decided by exact equality, not var > 0: in float32 a group of eight 0.1s centers to ~7e-9, not 0, which would
+    # give the still channel a row and column of correlations (its diagonal 1).  Channel 0 = 0..7:
+    # A = dev / sqrt(1 + eps).
+    still = torch.cat([torch.arange(8.0).view(1, 8, 1), torch.full((1, 8, 1), 0.1)], -1)  # float32
+    assert_close(corrgrpo_advantages(still), (torch.arange(8.0) - 3.5).view(1, 8) / math.sqrt(1 + EPS))
 
 
 def test_corrgrpo_at_g2_two_opposed_channels_blow_up_as_published():
@@ -309,3 +314,40 @@ def batch_rewards(run, batch):
     """The trained batch's rewards as scored, [B', G, K], from its episodes."""
     rewards, _ = run.reward_set.score(batch.rollouts.episodes)
     return rewards.view(-1, batch.rollouts.group_size, len(run.reward_set.names))
+
+
+# ---------------------------------------------------------------------------------------------- repro-successors
+
+@pytest.mark.parametrize("setting", ["conflict", "correlated", "skewed"])
+def test_each_repro_setting_composes_with_every_arm(setting):
+    """`make repro-successors`' sweeps: every arm on every setting passes validation, and the settings are what the plan
+    says (equal weights in conflict, a judge repeating correctness in correlated, the shortcut vetoed everywhere)."""
+    from conftest import compose_config
+
+    from mrl.repro.successors import ARMS, SETTINGS
+    from mrl.rewards.channels import build_reward_set
+    from mrl.train.validation import validate
+
+    for arm in ARMS:
+        cfg = compose_config(f"algo={arm}", *SETTINGS[setting])
+        validate(cfg)
+        reward_set = build_reward_set(cfg.rewards, cfg.algo)
+        weights = dict(zip(reward_set.names, reward_set.weights.tolist()))
+        assert weights["safety"] == 0.0 and reward_set.specs[reward_set.names.index("safety")].enforce == "veto"
+        assert weights["efficiency"] == {"conflict": 1.0, "correlated": 0.25, "skewed": 0.25}[setting]
+        assert ("judge" in weights) == (setting == "correlated")
+
+
+def test_the_bfcl_setting_is_repro_papers_plan_with_the_successors_arms(monkeypatch):
+    """SETTINGS=bfcl (built, not run here): repro-paper's warm start and arm settings, one sweep per successor arm."""
+    from mrl.repro import paper_bfcl
+    from mrl.repro.successors import BFCL_ARMS, bfcl_plan, settings
+
+    monkeypatch.setenv("SCALE", "cpu")
+    plan, paper = bfcl_plan(), paper_bfcl.plan()
+    assert plan.sft == paper.sft and plan.train == paper.train
+    assert [s.overrides[0] for s in plan.sweeps] == [f"algo={arm}" for arm in BFCL_ARMS]
+    assert str(plan.root).endswith("reports/successors/bfcl/runs")
+    monkeypatch.setenv("SETTINGS", "bfcl,skewed")
+    with pytest.raises(SystemExit, match="bfcl alone"):
+        settings()

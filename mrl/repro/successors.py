@@ -9,8 +9,11 @@ reports/successors/plan.md, committed before the runs):
   in 10 at the start beside a graded token count: GDPO's case against GRPO, and the trap of a filter on the sum.
 
 Every arm x seed is one `mrl train` run of a Hydra multirun per setting, held-out greedy evaluation at the last step;
-the verdicts are paired (mrl/repro/paired.py) on the held-out records.  The real setting (repro-paper's BFCL arms with
-SmolLM2) is too slow for shared CPU cores; it is not part of this target (docs/reproductions.md).
+the verdicts are paired (mrl/repro/paired.py) on the held-out records.
+
+`SETTINGS=bfcl` runs the real setting instead: repro-paper's BFCL arms (mrl/repro/paper_bfcl.py: its warm start, its
+sizes, the paper's rewards) with grpo, gdpo, gd2po and corrgrpo from the same warm start, into
+reports/successors/bfcl/.  It is not among the default settings: on CPU it is SmolLM2 for well over an hour.
 """
 
 from __future__ import annotations
@@ -47,13 +50,64 @@ CLAIMS = [
 ]
 
 
+BFCL_ARMS = ("grpo", "gdpo", "gd2po", "corrgrpo")
+BFCL_CLAIMS = (("gd2po", "gdpo"), ("corrgrpo", "gdpo"), ("corrgrpo", "grpo"), ("gdpo", "grpo"))
+
+
 def settings() -> list[str]:
-    """$SETTINGS (comma-separated; all three by default)."""
+    """$SETTINGS (comma-separated; the three synthetic ones by default, or bfcl alone)."""
     chosen = os.environ.get("SETTINGS", ",".join(SETTINGS)).split(",")
-    unknown = [s for s in chosen if s not in SETTINGS]
-    if unknown:
-        raise SystemExit(f"SETTINGS={','.join(unknown)}: choose among {','.join(SETTINGS)}")
+    unknown = [s for s in chosen if s not in [*SETTINGS, "bfcl"]]
+    if unknown or ("bfcl" in chosen and len(chosen) > 1):
+        raise SystemExit(f"SETTINGS={','.join(chosen)}: choose among {','.join(SETTINGS)} (comma-separated), or bfcl "
+                         "alone")
     return chosen
+
+
+def overall_word(verdicts: list[str]) -> str:
+    """The summary's word for several independent claims: HELD or NOT HELD when every one is, MIXED otherwise."""
+    return verdicts[0] if verdicts and len(set(verdicts)) == 1 else "MIXED"
+
+
+def bfcl_plan():
+    """repro-paper's BFCL plan (warm start, sizes, rewards) with the successors' arms, rooted in reports/successors."""
+    from dataclasses import replace
+
+    from mrl.repro import paper_bfcl, warm
+
+    base = paper_bfcl.plan()
+    return replace(base, root=REPORTS / NAME / "bfcl" / "runs",
+                   sweeps=tuple(warm.Sweep(f"arms_{arm}", (f"algo={arm}", f"trainer.seed={paper_bfcl.SEEDS}"))
+                                for arm in BFCL_ARMS))
+
+
+def run_bfcl() -> None:
+    """SETTINGS=bfcl: the warm start (reused when intact), every arm x seed, the paired verdicts on held-out
+    correctness (mean@k) into reports/successors/bfcl/summary.md."""
+    from mrl.repro import paper_bfcl, warm
+
+    the_plan, start = bfcl_plan(), time.perf_counter()
+    warm.ensure_warm_start(the_plan)
+    runs = warm.run_sweeps(the_plan, keep_checkpoints=the_plan.thinking)
+    samples = paper_bfcl.SAMPLES[warm.scale(paper_bfcl.SIZES)]
+    key = paper_bfcl.claim_key("correctness", samples)
+    table = warm.write_tables(REPORTS / NAME / "bfcl", "bfcl", runs, paper_bfcl.arm_of, [key], {})
+    rows = []
+    for ours, theirs in BFCL_CLAIMS:
+        paired = paired_verdict(*(arm_outcomes(runs, paper_bfcl.arm_of, arm, "correctness", sampled=samples > 0)
+                                  for arm in (ours, theirs)))
+        rows.append([f"{ours} ahead of {theirs}", warm.cell(table[ours][key]), warm.cell(table[theirs][key]),
+                     *verdict_cells(table[ours][key], table[theirs][key], paired)])
+    write_summary(
+        f"{NAME}/bfcl",
+        claim="On repro-paper's BFCL setting, GDPO's successors train tool calling at least as well as GDPO.",
+        setup="`SETTINGS=bfcl make repro-successors`:\n\n```\n" + "\n".join(the_plan.commands()) + "\n```\n\n"
+              + RULE,
+        numbers=markdown_table(["claim", "ours", "theirs", *COLUMNS], rows),
+        verdict="; ".join(f"{r[0]}: {r[-1]}" for r in rows) + ".",
+        held=overall_word([r[-1] for r in rows]),
+        cost=warm.minutes(time.perf_counter() - start) + " of wall time.",
+    )
 
 
 def sweep(setting: str) -> list[str]:
@@ -84,6 +138,8 @@ def plot(setting: str, by_arm: dict) -> str:
 
 
 def main() -> None:
+    if settings() == ["bfcl"]:
+        return run_bfcl()
     done = side_by_side(run_setting, settings())
     sections, rows, claim_rows, every_run, verdicts = [], [], [], [], []
     for setting, runs, command, seconds in done:
@@ -138,8 +194,7 @@ def main() -> None:
               "prompts at the last step.\n\n" + "\n\n".join(f"```\n{d[2]}\n```" for d in done),
         numbers=numbers,
         verdict=" ".join(f"{row[0]}: {row[1]} — {row[-1]}." for row in claim_rows),
-        held=("HELD" if verdicts and all(v == "HELD" for v in verdicts) else
-              "NOT HELD" if verdicts and all(v == "NOT HELD" for v in verdicts) else "MIXED"),
+        held=overall_word(verdicts),
         cost=f"{minutes:.0f} min of runs in all (settings side by side with JOBS>1), on 2 shared CPU cores under "
              "load from other jobs.",
     )
