@@ -145,7 +145,7 @@ def eval_panels(runs: list[Run]) -> list[tuple[str, list[str]]]:
     accuracy = [k for k in keys if k == "eval/accuracy"] + [k for k in keys if k.endswith("/accuracy")
                                                             and k != "eval/accuracy"]
     passes = sorted((k for k in keys if re.fullmatch(r"eval/pass@\d{1,9}", k)), key=lambda k: int(k.split("@")[1]))
-    panels = [(f"held-out: {k.split('/')[1]}", [k]) for k in means]
+    panels = [(f"held-out: {k.removeprefix('eval/').removesuffix('/mean')}", [k]) for k in means]
     panels += [("held-out: accuracy", accuracy)] if accuracy else []
     return panels + ([("held-out: pass@k", passes)] if passes else [])
 

@@ -189,15 +189,36 @@ def category_accuracy(prompts: list[Prompt], passes: Tensor) -> dict[str, float]
     return {name: sum(oks) / len(oks) for name, oks in sorted(counts.items())}
 
 
+def holdout_summaries(held: HeldOut, pass_channel: str | None) -> dict[str, dict[str, Any]]:
+    """{meta["holdout"]: its prompts' count, channel means greedy and sampled, accuracy (greedy; None without a pass
+    channel)}, for tasks whose held-out prompts carry a holdout (bfcl_gen: `id`, `ood`); {} for others."""
+    names: dict[str, list[int]] = {}
+    for p, prompt in enumerate(held.prompts):
+        if prompt.meta.get("holdout") is not None:
+            names.setdefault(str(prompt.meta["holdout"]), []).append(p)
+    out = {}
+    for name, rows in names.items():
+        greedy = held.greedy.rewards[rows]  # [P_h, K]
+        sampled = None
+        if held.sampled is not None:  # prompt p's samples are rows p*S .. p*S+S-1
+            sampled = held.sampled.rewards[[p * held.samples + s for p in rows for s in range(held.samples)]]
+        passes = passed(greedy, held.names, pass_channel)
+        out[name] = {"prompts": len(rows), "greedy": channel_means(greedy, held.names),
+                     "sampled": channel_means(sampled, held.names) if sampled is not None else None,
+                     "accuracy": passes.float().mean().item() if passes is not None else None}
+    return out
+
+
 def summarize(held: HeldOut, pass_channel: str | None) -> dict[str, Any]:
     """What eval.json holds (the train-time metrics are `eval_metrics` of it): prompts, samples, per-channel means
-    greedy and sampled, and with a pass channel the accuracy (greedy), pass@k (sampled) and per-category accuracy."""
+    greedy and sampled, each holdout's (`holdout_summaries`), and with a pass channel the accuracy (greedy), pass@k
+    (sampled) and per-category accuracy."""
     P, S = len(held.prompts), held.samples
     summary: dict[str, Any] = {
         "prompts": P, "samples": S, "pass_channel": pass_channel,
         "greedy": channel_means(held.greedy.rewards, held.names),
         "sampled": channel_means(held.sampled.rewards, held.names) if held.sampled is not None else None,
-        "accuracy": None, "pass@k": {}, "categories": {},
+        "accuracy": None, "pass@k": {}, "categories": {}, "holdouts": holdout_summaries(held, pass_channel),
     }
     greedy_passes = passed(held.greedy.rewards, held.names, pass_channel)  # [P]
     if greedy_passes is None:
@@ -213,7 +234,8 @@ def summarize(held: HeldOut, pass_channel: str | None) -> dict[str, Any]:
 def eval_metrics(summary: dict[str, Any]) -> dict[str, Any]:
     """The metrics a training run logs from `summarize`'s dict: eval/<channel>/mean (greedy), with k = `samples` > 0
     eval/<channel>/mean@k (the mean over each prompt's k sampled episodes, at the training's temperature: it moves
-    before a greedy answer flips), eval/accuracy, eval/pass@k, eval/<category>/accuracy."""
+    before a greedy answer flips), eval/accuracy, eval/pass@k, eval/<category>/accuracy, and for each holdout its
+    own eval/<holdout>/<channel>/mean, /mean@k and eval/<holdout>/accuracy."""
     metrics: dict[str, Any] = {f"eval/{name}/mean": value for name, value in summary["greedy"].items()}
     if summary["sampled"] is not None:
         metrics.update({f"eval/{name}/mean@{summary['samples']}": v for name, v in summary["sampled"].items()})
@@ -221,6 +243,13 @@ def eval_metrics(summary: dict[str, Any]) -> dict[str, Any]:
         metrics["eval/accuracy"] = summary["accuracy"]
     metrics.update({f"eval/pass@{k}": value for k, value in summary["pass@k"].items()})
     metrics.update({f"eval/{name}/accuracy": value for name, value in summary["categories"].items()})
+    for holdout, part in summary.get("holdouts", {}).items():  # eval/<holdout>/<channel>/mean, .../accuracy
+        metrics.update({f"eval/{holdout}/{name}/mean": value for name, value in part["greedy"].items()})
+        if part["sampled"] is not None:
+            metrics.update({f"eval/{holdout}/{name}/mean@{summary['samples']}": value
+                            for name, value in part["sampled"].items()})
+        if part["accuracy"] is not None:
+            metrics[f"eval/{holdout}/accuracy"] = part["accuracy"]
     return metrics
 
 
@@ -436,4 +465,11 @@ def format_table(report: dict[str, Any]) -> str:
         rows += ["", f"accuracy ({report['pass_channel']} >= {PASS_VALUE:g}, greedy): {report['accuracy']:.3f}"
                  f"{passes}"]
         rows += [f"  {name}: {value:.3f}" for name, value in report["categories"].items()]
+    for holdout, part in report.get("holdouts", {}).items():
+        rows += ["", f"holdout {holdout} ({part['prompts']} prompts):"]
+        for mode in ("greedy", "sampled"):
+            if part.get(mode) is not None:
+                rows.append(f"  {mode}: " + ", ".join(f"{c} {_cell(part[mode][c])}" for c in channels))
+        if part.get("accuracy") is not None:
+            rows.append(f"  accuracy: {part['accuracy']:.3f}")
     return "\n".join(rows)

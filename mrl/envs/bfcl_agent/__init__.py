@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import zlib
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -138,13 +139,7 @@ class BfclAgentTask(TaskBase):
         return self.split.eval_prompts()
 
     def to_prompt(self, entry: dict) -> Prompt:
-        first = gym.user_turns(entry)[0]
-        tools = gym.schemas(gym.function_docs(entry, 0, self.gold_only), self.compact_docs)
-        meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"]),
-                "gold_only": self.gold_only}
-        solved = [m for shot in self._shots(entry) for m in _solved(shot)]
-        return Prompt(text=first, meta=meta, messages=solved + [{"role": "user", "content": first}], tools=tools,
-                      answer_prefix=self.answer_prefix)
+        return entry_prompt(entry, self.gold_only, self.compact_docs, self.answer_prefix, self._shots(entry))
 
     def _shots(self, entry: dict) -> list[dict]:
         """`fewshot` other train entries whose first turn's ground truth calls only functions `entry` offers in
@@ -161,24 +156,42 @@ class BfclAgentTask(TaskBase):
         return self.split.demonstrations(split, "rewards=bfcl_agent", self._demonstration)
 
     def _demonstration(self, entry: dict) -> Demonstration | None:
-        """A train entry's whole transcript: in every user turn, each ground-truth call as a turn of its own (its
-        real result comes back from the entry's world when played), then a short answer that hands the turn back
-        (none after a turn that spends `max_calls_per_turn`).  An entry needing more calls in a turn: None."""
-        turns = gym.gold_calls(entry)
-        if any(len(calls) > self.max_calls_per_turn for calls in turns):
-            return None
-        replies = []
-        for calls in turns:
-            replies += [Reply("", (call,)) for call in calls]
-            if len(calls) < self.max_calls_per_turn:
-                replies.append(Reply(DONE))
-        return Demonstration(self.to_prompt(entry), tuple(replies), entry["id"])
+        return entry_demonstration(entry, self.to_prompt(entry), self.max_calls_per_turn)
 
     def environment(self, prompt: Prompt) -> BfclWorld:
         return BfclWorld(self.entries[prompt.meta["id"]], self.max_calls_per_turn, self.compact_docs, self.gold_only)
 
     def entry(self, prompt: Prompt) -> dict:
         return self.entries[prompt.meta["id"]]
+
+
+def entry_prompt(entry: dict, gold_only: bool, compact_docs: bool, answer_prefix: str = "",
+                 shots: list[dict] = (), meta: dict | None = None) -> Prompt:
+    """An entry's first user turn as a prompt: its functions of turn 0 declared (gold_only, compact_docs: see
+    BfclAgentTask), `shots` solved before it (`_solved`), `meta` added to the prompt's (a generated entry's `source`,
+    which the channels find it by, and its holdout)."""
+    first = gym.user_turns(entry)[0]
+    tools = gym.schemas(gym.function_docs(entry, 0, gold_only), compact_docs)
+    meta = {"id": entry["id"], "category": entry["category"], "user_turns": len(entry["question"]),
+            "gold_only": gold_only, **(meta or {})}
+    solved = [m for shot in shots for m in _solved(shot)]
+    return Prompt(text=first, meta=meta, messages=solved + [{"role": "user", "content": first}], tools=tools,
+                  answer_prefix=answer_prefix)
+
+
+def entry_demonstration(entry: dict, prompt: Prompt, max_calls_per_turn: int) -> Demonstration | None:
+    """An entry's whole transcript from `prompt`: in every user turn, each ground-truth call as a turn of its own
+    (its real result comes back from the entry's world when played), then a short answer that hands the turn back
+    (none after a turn that spends `max_calls_per_turn`).  An entry needing more calls in a turn: None."""
+    turns = gym.gold_calls(entry)
+    if any(len(calls) > max_calls_per_turn for calls in turns):
+        return None
+    replies = []
+    for calls in turns:
+        replies += [Reply("", (call,)) for call in calls]
+        if len(calls) < max_calls_per_turn:
+            replies.append(Reply(DONE))
+    return Demonstration(prompt, tuple(replies), entry["id"])
 
 
 def _solved(entry: dict) -> list[dict]:
@@ -199,6 +212,20 @@ def _entries(category: str) -> dict[str, dict]:
     return {e["id"]: e for e in gym.load_entries(category)}
 
 
+# A prompt's meta["source"] -> its entry by id, for entries that are not BFCL's own (mrl.envs.bfcl_gen registers
+# "bfcl_gen", whose ids regenerate their entries); a prompt without a source is BFCL's, found by its category.
+ENTRY_SOURCES: dict[str, Callable[[str], dict]] = {}
+
+
+def _entry(source: str | None, category: str, entry_id: str) -> dict:
+    if source is None:
+        return _entries(category)[entry_id]
+    if source not in ENTRY_SOURCES:
+        raise UserError(f"bfcl_agent channels: no entry source {source!r} is registered (known: "
+                        f"{sorted(ENTRY_SOURCES)}); import the module that registers it (e.g. mrl.envs.bfcl_gen)")
+    return ENTRY_SOURCES[source](entry_id)
+
+
 def calls_per_turn(episode: Episode) -> list[list[gym.Call]]:
     """The episode's calls as BFCL reads them, per user turn: every call with a name (an unparseable block is no
     call); a call to an unavailable function is kept (the checks refuse to run it and count it against safety)."""
@@ -210,15 +237,15 @@ def calls_per_turn(episode: Episode) -> list[list[gym.Call]]:
 
 
 @lru_cache(maxsize=4096)
-def _scores(category: str, entry_id: str, calls: str, gold_only: bool) -> dict[str, float]:
-    return gym.replay(_entries(category)[entry_id], json.loads(calls), gold_only)
+def _scores(source: str | None, category: str, entry_id: str, calls: str, gold_only: bool) -> dict[str, float]:
+    return gym.replay(_entry(source, category, entry_id), json.loads(calls), gold_only)
 
 
 def scores(episode: Episode) -> dict[str, float]:
     """replay's channels for `episode`: {correctness, turns, efficiency, safety}."""
     meta = episode.prompt.meta
-    return _scores(meta["category"], meta["id"], json.dumps(calls_per_turn(episode), sort_keys=True),
-                   meta.get("gold_only", False))
+    return _scores(meta.get("source"), meta["category"], meta["id"],
+                   json.dumps(calls_per_turn(episode), sort_keys=True), meta.get("gold_only", False))
 
 
 class Correctness:
