@@ -331,3 +331,101 @@ def test_a_sweep_dir_with_a_planted_link_is_refused_before_any_job(tmp_path):
     assert result.returncode == 2 and f"{sweep / '0_gdpo_seed0' / '.hydra'} is a symlink" in result.stderr, \
         result.stderr
     assert os.listdir(victim) == []
+
+
+# ---- a chat template from elsewhere: bounded when rendered, never chosen by a foreign config ------------------------
+
+# The probe's template, a little smaller: 1e5 x 3e3 iterations, about half a minute unbounded on this machine.
+LOOPS = "{% for i in range(100000) %}{% for j in range(3000) %}x{% endfor %}{% endfor %}"
+
+
+@pytest.fixture
+def bounded(monkeypatch):
+    from mrl.chat import chat_template
+
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.5)
+    return chat_template
+
+
+def tiny_tokenizer(template: str):
+    from mrl.modeling.models import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer(resolve_model_path(compose_config().model))
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_a_template_that_loops_stops_at_the_bound_in_one_line(bounded):
+    import time
+
+    tokenizer = tiny_tokenizer(LOOPS)
+    started = time.perf_counter()
+    with pytest.raises(UserError) as err:
+        bounded.render_template(tokenizer, [{"role": "user", "content": "hi"}])
+    assert time.perf_counter() - started < 3.0
+    assert "rendered one conversation for more than 0.5 s" in one_line(err)
+    time.sleep(0.7)  # nothing left pending in this thread once the bound has passed
+    tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    assert bounded.render_template(tokenizer, [{"role": "user", "content": "hi"}]) == "<user>hi"
+
+
+def test_the_bound_holds_in_any_thread_and_on_every_render_path(bounded):
+    """The rollout engines render in worker threads too; ChatTemplate.render (the chat protocol) and the words
+    protocol's prompt both go through render_template."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mrl.chat.chat_template import ChatTemplate
+    from mrl.chat.protocols import WordsProtocol
+    from mrl.core.episode import Prompt
+
+    tokenizer = tiny_tokenizer(LOOPS)
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(UserError, match="more than 0.5 s"):
+            pool.submit(bounded.render_template, tokenizer, [{"role": "user", "content": "hi"}]).result(timeout=10)
+    with pytest.raises(UserError, match="more than 0.5 s"):
+        ChatTemplate(tokenizer).render([{"role": "user", "content": "hi"}])
+    with pytest.raises(UserError, match="more than 0.5 s"):
+        WordsProtocol(tokenizer, use_chat_template=True).prompt_ids(Prompt("hi", {}))
+
+
+def test_a_template_that_writes_too_much_is_refused(bounded):
+    tokenizer = tiny_tokenizer("{{ 'x' * 5000000 }}")
+    with pytest.raises(UserError) as err:
+        bounded.render_template(tokenizer, [{"role": "user", "content": "hi"}])
+    assert "wrote 5000000 characters for one conversation, more than 4194304" in one_line(err)
+
+
+@pytest.mark.parametrize("key, value", [("use_chat_template", True), ("tool_format", "chat")])
+def test_a_foreign_config_does_not_choose_to_render_its_template(tmp_path, key, value):
+    run = saved_run(tmp_path, lambda c: c["model"].update({key: value}))
+    with pytest.raises(UserError) as err:
+        run_config(run)
+    assert f"sets model.{key}={str(value).lower()}: scoring would render the checkpoint's chat template" \
+        in one_line(err) and "--trust-config" in str(err.value)
+    assert run_config(run, trust_config=True).model[key] == value
+    assert run_config(run, renders=False).model[key] == value  # mrl export renders no conversation
+
+
+def test_mrl_eval_of_a_checkpoint_whose_template_loops_ends_in_one_line(trained, tmp_path):
+    """The probe: a checkpoint's tokenizer with the looping template, its manifest sealed again; `mrl eval` with the
+    template asked for on the command line (the foreign config may not) stops at the bound (5 s), exit 2."""
+    import json as json_module
+    import time
+
+    from mrl.runs.rundir import MANIFEST, seal_checkpoint
+
+    run = copy_of(trained, tmp_path / "run")
+    checkpoint = next((run / "checkpoints").glob("step_*"))
+    config_file = checkpoint / "policy" / "tokenizer_config.json"
+    config = json_module.loads(config_file.read_text())
+    config["chat_template"] = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    config_file.write_text(json_module.dumps(config))
+    identity = json_module.loads((checkpoint / MANIFEST).read_text())["run"]
+    (checkpoint / MANIFEST).unlink()
+    seal_checkpoint(checkpoint, identity)
+    started = time.perf_counter()
+    result = mrl("eval", str(run), "model.use_chat_template=true", "--prompts", "1", "--samples", "0", cwd=tmp_path)
+    took = time.perf_counter() - started
+    assert result.returncode == 2 and "rendered one conversation for more than 5 s" in result.stderr, result.stderr
+    assert took < 90, took  # start-up, the model, then the bound: before, still rendering after 120 s
+    assert not (run / "eval.json").exists()

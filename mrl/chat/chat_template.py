@@ -5,14 +5,21 @@ from the sampled history: templates such as Qwen3's render earlier assistant tur
 blocks), so re-rendering the history would change tokens the policy already saw.  `inspect_template` checks once per
 tokenizer that this suffix is well defined (it does not depend on the conversation before it, and tokenizes the same
 alone as in context).
+
+A template is a Jinja program that came with the tokenizer (a checkpoint from elsewhere chose it): every render goes
+through `render_template`, which stops one that runs longer than RENDER_SECONDS or writes more than RENDER_CHARS
+(two nested `range(100000)` loops rendered for minutes).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
 
 from jinja2.exceptions import TemplateError
 
@@ -25,6 +32,62 @@ MAX_LAYOUTS = 64  # tool names whose rendered layout ChatTemplate.suffix keeps (
 def call_text(name: str, arguments: Any) -> str:
     """A call as mrl asks templates without tool support to write it."""
     return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
+
+
+RENDER_SECONDS = 5.0  # SmolLM2's and Qwen3's templates render a conversation in about a millisecond
+RENDER_CHARS = 1 << 22  # 4 Mi characters: ~1M tokens, far beyond any context mrl trains
+
+
+class _Overran(BaseException):
+    """Raised in the rendering thread when the render overran RENDER_SECONDS.  Not an Exception: no template code
+    and no library `except Exception` catches it on its way out."""
+
+
+@contextmanager
+def time_bound(seconds: float) -> Iterator[None]:
+    """Raise `_Overran` in this thread once `seconds` pass inside the block.  A timer thread sets an asynchronous
+    exception (CPython's PyThreadState_SetAsyncExc), raised at the next bytecode: a render is Python code (Jinja
+    compiles templates to it), so it stops within a bytecode of the bound, in any thread (SIGALRM: the main one)."""
+    target, lock, state = threading.get_ident(), threading.Lock(), {"done": False, "fired": False}
+
+    def fire() -> None:
+        with lock:
+            if not state["done"]:
+                state["fired"] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(_Overran))
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["done"] = True
+            if state["fired"]:  # raised already, or pending: a pending one is cleared here
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+        timer.cancel()
+    if state["fired"]:  # fired as the block ended: still an overrun
+        raise _Overran
+
+
+def render_template(tokenizer, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)` within RENDER_SECONDS and RENDER_CHARS,
+    or a one-line UserError naming the tokenizer and the fix."""
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    fix = "use a tokenizer whose template you trust, or model.use_chat_template=false and model.tool_format=words"
+    try:
+        with time_bound(RENDER_SECONDS):
+            text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except _Overran:
+        raise UserError(f"the chat template of {name} rendered one conversation for more than {RENDER_SECONDS:g} s "
+                        f"(a template loops for ever or for hours): {fix}") from None
+    except MemoryError:
+        raise UserError(f"the chat template of {name} ran out of memory rendering one conversation: {fix}") from None
+    if len(text) > RENDER_CHARS:
+        raise UserError(f"the chat template of {name} wrote {len(text)} characters for one conversation, more than "
+                        f"{RENDER_CHARS}: {fix}")
+    return text
 
 
 PROBE = "mrl_probe"  # a name, message or tool result the dummy conversations are measured with
@@ -62,8 +125,8 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt, **json.loads(self.kwargs))
+        return render_template(self.tokenizer, messages, tools=tools, add_generation_prompt=generation_prompt,
+                               **json.loads(self.kwargs))
 
     def assistant_call(self, name: str, arguments: Any, content: str = "", reasoning: str | None = None) -> dict:
         calls = [{"type": "function", "function": {"name": name, "arguments": arguments}}]

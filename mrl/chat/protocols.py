@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from mrl.chat.chat_template import CALL_CLOSE, CALL_OPEN, call_text, inspect_template
+from mrl.chat.chat_template import CALL_CLOSE, CALL_OPEN, call_text, inspect_template, render_template
 from mrl.chat.stops import Stops, word_level
 from mrl.core import safe_json
 from mrl.core.config import Registry, UserError
@@ -170,8 +170,8 @@ class WordsProtocol:
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         if not self.use_chat_template:
             return self.tokenizer(prompt.text).input_ids
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], tokenize=False,
-                                                  add_generation_prompt=True, **self.chat_template_kwargs)
+        text = render_template(self.tokenizer, [{"role": "user", "content": prompt.text}], add_generation_prompt=True,
+                               **self.chat_template_kwargs)
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def turn(self, prompt: Prompt, text: str, reason: str | None, env: None = None) -> Turn:

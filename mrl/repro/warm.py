@@ -73,7 +73,8 @@ class Plan:
         flag = str(thinking).lower()
         budget = [f"trainer.max_new_tokens={self.thinking_tokens}"] if thinking else []
         return ["eval", str(run_dir), "--prompts", str(self.eval_prompts), "--samples", "0", "--out",
-                str(run_dir / f"eval_thinking_{flag}"), f"model.chat_template_kwargs.enable_thinking={flag}", *budget]
+                str(run_dir / f"eval_thinking_{flag}"), f"model.chat_template_kwargs.enable_thinking={flag}", *budget,
+                "--trust-config"]  # a run this plan trained: its chat template is the model's own
 
     def commands(self) -> list[str]:
         """The command lines as the summary prints them (the thinking holdouts, per run, after the sweeps)."""

@@ -38,7 +38,7 @@ def export(source: Path, out: Path | None = None, merge: bool = False,
         tmp.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
     if is_adapter_dir(policy) and merge:
-        cfg = run_config(run_dir, trust_config).model
+        cfg = run_config(run_dir, trust_config, renders=False).model  # export renders no conversation
         quiet_transformers()
         model = merged_policy(checkpoint, cfg)
         save_model_dir(model, tmp, model.state_dict(), DTYPES[cfg.dtype])

@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 from mrl.core.config import CONF_DIR, TrainConfig, UserError
 
 
-def run_config(run_dir: Path, trust_config: bool = False):
+def run_config(run_dir: Path, trust_config: bool = False, renders: bool = True):
     """The config the run trained with: its `.hydra/config.yaml`, typed by the schemas.
 
     Not composed again from `.hydra/overrides.yaml`: the run may have used a `--config-dir` (or config files that
@@ -23,7 +23,9 @@ def run_config(run_dir: Path, trust_config: bool = False):
     and the channels runs, so a run dir is as trusted as its config: unless `trust_config` (`--trust-config`) says
     where the run dir came from is trusted, the config is checked as it will be built (`foreign_config_problem`:
     its interpolations resolved, every `_target_`, `_args_` and keyword) and refused in one line when it would run
-    code mrl does not ship.  A `_target_` that is not a string is refused even with trust: nothing can build it."""
+    code mrl does not ship, or, where the caller `renders` conversations (`mrl eval`), when it would have the
+    checkpoint's chat template rendered (`template_problem`).  A `_target_` that is not a string is refused even with
+    trust: nothing can build it."""
     import yaml
 
     saved = run_dir / ".hydra" / "config.yaml"
@@ -43,7 +45,7 @@ def run_config(run_dir: Path, trust_config: bool = False):
     if problem:
         raise UserError(f"{saved} {problem}: a _target_ is a dotted name (mrl.envs.code.PassRate); restore the file "
                         "`mrl train` wrote there")
-    problem = None if trust_config else foreign_config_problem(raw, cfg)
+    problem = None if trust_config else foreign_config_problem(raw, cfg) or (template_problem(cfg) if renders else None)
     if problem:
         raise UserError(f"{saved} {problem}: building the run's task and rewards would run code it chose; pass "
                         "--trust-config if you trust where this run dir came from")
@@ -121,6 +123,20 @@ def foreign_config_problem(config: Any, cfg) -> str | None:
     except (OmegaConfBaseException, ValueError, TypeError) as err:
         return f"does not resolve ({type(err).__name__}: {_short(err)})"
     return untrusted(resolved)
+
+
+def template_problem(cfg) -> str | None:
+    """Whether a run's config has its checkpoint's chat template rendered (model.use_chat_template, or
+    model.tool_format=chat), said after the file's name, or None: the template is a Jinja program that came with the
+    run dir.  Every render is bounded in time and size (mrl.chat.chat_template.render_template); a foreign config
+    does not choose to render one at all.  The command line may (`mrl eval RUN model.use_chat_template=true`)."""
+    if cfg.model.use_chat_template:
+        return "sets model.use_chat_template=true: scoring would render the checkpoint's chat template, a program " \
+               "that came with the run dir"
+    if str(cfg.model.tool_format) == "chat":
+        return "sets model.tool_format=chat: scoring would render the checkpoint's chat template, a program that " \
+               "came with the run dir"
+    return None
 
 
 def interpolation_problem(config: Any, place: str = "") -> str | None:
