@@ -22,7 +22,17 @@ import os
 import statistics
 import time
 
-from mrl.repro.common import REPORTS, markdown_table, mean_se, multirun, side_by_side, write_csv, write_summary
+from mrl.repro.common import (
+    REPORTS,
+    markdown_table,
+    mean_se,
+    multirun,
+    read_runs,
+    side_by_side,
+    sweep_command,
+    write_csv,
+    write_summary,
+)
 from mrl.repro.paired import COLUMNS, RULE, arm_outcomes, paired_verdict, verdict_cells
 from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
@@ -117,7 +127,13 @@ def sweep(setting: str) -> list[str]:
 
 
 def run_setting(setting: str):
+    """(setting, its runs, the command, seconds): the multirun, or with $REPORT_ONLY=1 the runs it left (the tables
+    and verdicts written again, nothing trained; the time then is what the runs logged per step)."""
     start = time.perf_counter()
+    if os.environ.get("REPORT_ONLY") == "1":
+        runs = read_runs(REPORTS / NAME / setting / "runs")
+        seconds = sum(sum(r.series("perf/step_s")) for r in runs)
+        return setting, runs, sweep_command(f"{NAME}/{setting}", sweep(setting)), seconds
     runs, command = multirun(f"{NAME}/{setting}", sweep(setting))
     return setting, runs, command, time.perf_counter() - start
 
