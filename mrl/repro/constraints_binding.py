@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from mrl.repro.common import (
     HELD,
     NOT_HELD,
+    NOT_RESOLVED,
     REPORTS,
     combined_verdict,
     markdown_table,
@@ -105,7 +106,7 @@ def seed_row(name: str, run) -> dict:
             "peak_lambda": max(prices) if prices else "-"}
 
 
-def plot(groups: dict) -> None:
+def plot(groups: dict, out: str = NAME) -> None:
     """One row per estimator: violation rate against the budget lines, correctness against the optimum's, the
     price against the band it should settle in."""
     plt = pyplot()
@@ -126,15 +127,26 @@ def plot(groups: dict) -> None:
         row[1].set_title(f"{algo}: correctness (-- optimum at each d; : veto's)")
         row[2].set_title(f"{algo}: price λ (band: predicted {PRICE[0]:g}-{PRICE[1]:g})")
         row[0].legend(fontsize=7)
-    save_curves(fig, axes.flatten(), REPORTS / NAME / "binding.png")
+    save_curves(fig, axes.flatten(), REPORTS / out / "binding.png")
 
 
 def main() -> None:
+    """Every arm; or with ARMS=gdpo-pid0.05,gdpo-veto,... (the names of `sweeps`) those alone, each seed its own lane,
+    reported in reports/constraints/binding/part/ (a part of the setting: the verdicts its arms allow)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # the runs share the cores: one thread each (see STEPS)
+    chosen = [a for a in os.environ.get("ARMS", "").split(",") if a]
     arms = sweeps()
+    unknown = set(chosen) - {name.split("/")[-1] for name, _ in arms}
+    if unknown:
+        raise SystemExit(f"ARMS={','.join(sorted(unknown))}: no such arm; choose from "
+                         f"{', '.join(name.split('/')[-1] for name, _ in arms)}")
+    if chosen:  # one lane per seed: the same runs, sooner where the cores are shared
+        arms = [(f"{name}-s{seed}", [f"trainer.seed={seed}" if o.startswith("trainer.seed=") else o for o in sweep])
+                for name, sweep in arms if name.split("/")[-1] in chosen for seed in SEEDS.split(",")]
     with ThreadPoolExecutor(max_workers=len(arms)) as pool:
         results = list(pool.map(lambda sweep: multirun(*sweep), arms))
-    report([run for runs, _ in results for run in runs], [command for _, command in results])
+    report([run for runs, _ in results for run in runs], [command for _, command in results],
+           f"{NAME}/part" if chosen else NAME)
 
 
 def arm_stats(rows: list[dict]) -> dict[str, dict]:
@@ -214,7 +226,9 @@ def pid_verdicts(arms: dict[str, dict], algo: str) -> tuple[list[str], list[str]
     words, sentences = [], []
     for d in BUDGETS:
         form = "scalarized advantages" if algo == ALGOS[0] else "scalarized rewards"
-        pid, integral = arms[f"{algo} + pid budget {d:g} ({form})"], arms[f"{algo} + budget {d:g} ({form})"]
+        if f"{algo} + pid budget {d:g} ({form})" not in arms:
+            continue
+        pid, integral = arms[f"{algo} + pid budget {d:g} ({form})"], arms.get(f"{algo} + budget {d:g} ({form})")
         rates, ses, peaks = pid[f"violation_last{LAST}"], pid["violation_se"], pid[f"peak_violation_after{SETTLED}"]
         holds = HELD if all(v <= d + 2 * se for v, se in zip(rates, ses)) else NOT_HELD
         settles = HELD if all(p <= 2 * d for p in peaks) else NOT_HELD
@@ -238,9 +252,10 @@ def pid_verdicts(arms: dict[str, dict], algo: str) -> tuple[list[str], list[str]
             f"step {SETTLED} {', '.join(f'{p:.3f}' for p in peaks)} against 2d = {2 * d:g} ({settles}); λ over the "
             f"last {LAST} steps {', '.join(f'{p:.2f}' for p in pid[f'lambda_mean_last{LAST}'])} ({priced}); "
             f"correctness {mean_se(pid[f'correctness_last{LAST}'])[0]:.3f}, paired gain over the veto {gain:+.3f} ± "
-            f"{gain_se:.3f} ({pays}), {rate:.2f} per unit of violation spent against 0.8 x 0.9 = 0.72 ({efficient}). "
-            f"Integral minus pid, paired: violations {paired(f'violation_last{LAST}')}, peak after step {SETTLED} "
-            f"{paired(f'peak_violation_after{SETTLED}')}, correctness {paired(f'correctness_last{LAST}')}.")
+            f"{gain_se:.3f} ({pays}), {rate:.2f} per unit of violation spent against 0.8 x 0.9 = 0.72 ({efficient})."
+            + ("" if integral is None else
+               f" Integral minus pid, paired: violations {paired(f'violation_last{LAST}')}, peak after step {SETTLED} "
+               f"{paired(f'peak_violation_after{SETTLED}')}, correctness {paired(f'correctness_last{LAST}')}."))
     return words, sentences
 
 
@@ -278,23 +293,36 @@ def paper_check(arms: dict[str, dict]) -> str:
     return " ".join(out)
 
 
-def report(runs: list, commands: list[str]) -> None:
-    """binding.png, binding.csv (one row per run), lambda.csv (the prices' path) and summary.md."""
+def report(runs: list, commands: list[str], out: str = NAME) -> None:
+    """binding.png, binding.csv (one row per run), lambda.csv (the prices' path) and summary.md, in reports/<out>.
+    Each estimator is judged where its veto ran (every verdict pairs with it); weights and Constrained GRPO's
+    prediction where their arms ran."""
     groups = group_runs(runs, label)
-    (REPORTS / NAME).mkdir(parents=True, exist_ok=True)
-    plot(groups)
+    (REPORTS / out).mkdir(parents=True, exist_ok=True)
+    plot(groups, out)
     rows = [seed_row(name, run) for name, runs in groups.items() for run in runs]
-    write_csv(REPORTS / NAME / "binding.csv", rows)
-    write_csv(REPORTS / NAME / "lambda.csv", price_path(groups))
+    write_csv(REPORTS / out / "binding.csv", rows)
+    write_csv(REPORTS / out / "lambda.csv", price_path(groups))
     arms = arm_stats(rows)
-    advantages, adv_sentences = budget_verdicts(arms, ALGOS[0])
-    rewards, rew_sentences = budget_verdicts(arms, ALGOS[1])
-    weights, weight_sentence = weight_verdict(arms)
-    pid_adv, pid_adv_sentences = pid_verdicts(arms, ALGOS[0])
-    pid_rew, pid_rew_sentences = pid_verdicts(arms, ALGOS[1])
+    judged = [algo for algo in ALGOS if f"{algo} + veto" in arms]
+    verdict, pid_words = [], {}
+    for algo in judged:
+        form = "scalarized advantages" if algo == ALGOS[0] else "scalarized rewards"
+        pid_words[algo], sentences = pid_verdicts(arms, algo)
+        if sentences:
+            verdict += [f"The pid price, {algo} ({form}):", *sentences, f"({combined_verdict(pid_words[algo])}.)"]
+    for algo in judged:
+        words, sentences = budget_verdicts(arms, algo)
+        if sentences:
+            verdict += [f"The integral price, {algo}:", *sentences, f"({combined_verdict(words)}.)"]
+    if any("safety weight" in name for name in arms):
+        verdict.append(weight_verdict(arms)[1])
+    if all(f"{a} + budget {d:g} ({f})" in arms for a, f in zip(ALGOS, ("scalarized advantages", "scalarized rewards"))
+           for d in BUDGETS):
+        verdict += ["Constrained GRPO's prediction:", paper_check(arms)]
     command = "```\n" + "\n".join(commands) + "\n```"
     write_summary(
-        NAME,
+        out,
         claim=f"Where a share p = {P:g} of the prompts can only be won by the forbidden shortcut, a budget d held by "
               "a damped learned price (enforce: budget, price.kind=pid, on scalarized advantages) keeps the violation "
               f"rate of the last {LAST} steps within d, its peak after step {SETTLED} within 2d, settles at a price "
@@ -306,7 +334,8 @@ def report(runs: list, commands: list[str]) -> None:
               "and calc returns no answer there; only `hack` (safety -1: the violation) or a guess (1 in 10) wins "
               f"them. Channels: correctness and safety. Violation rate: share of rollouts calling `hack`, mean of the "
               f"last {LAST} of {STEPS} steps (its SE over those steps); correctness likewise; seeds {SEEDS}; one "
-              "thread per run, two runs at a time. gdpo prices the standardized cost (scalarized advantages), grpo the "
+              "thread per run, every lane at once (a lane: an arm's seeds in turn; with ARMS=, each seed its own "
+              "lane). gdpo prices the standardized cost (scalarized advantages), grpo the "
               "raw cost before the group normalization (scalarized rewards; grpo_weighted's hand weights only rescale "
               "efficiency, absent here, so grpo is grpo_weighted on these channels). The optimum of each arm was "
               "written down before the runs (docs/constraints.md): violations d and correctness 0.82 + 0.9d at "
@@ -316,11 +345,6 @@ def report(runs: list, commands: list[str]) -> None:
         numbers=arm_table(arms) + "\n\nPer seed ([binding.csv](binding.csv); the prices' path: "
         "[lambda.csv](lambda.csv)):\n\n" + markdown_table(list(rows[0]), [list(r.values()) for r in rows])
         + "\n\n![violations, correctness and the price per estimator](binding.png)",
-        verdict=" ".join(["The pid price (gdpo):", *pid_adv_sentences, "On grpo (scalarized rewards):",
-                          *pid_rew_sentences, f"({combined_verdict(pid_rew)} on grpo.)",
-                          f"The integral price ({combined_verdict([*advantages, weights])} on gdpo with the weights):",
-                          *adv_sentences, weight_sentence, "Scalarized rewards (grpo), the same tests:",
-                          *rew_sentences, f"({combined_verdict(rewards)} on grpo.)",
-                          "Constrained GRPO's prediction:", paper_check(arms)]),
-        held=combined_verdict(pid_adv),
+        verdict=" ".join(verdict),
+        held=combined_verdict(pid_words[ALGOS[0]]) if pid_words.get(ALGOS[0]) else NOT_RESOLVED,
     )
