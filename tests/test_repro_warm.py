@@ -278,11 +278,15 @@ def test_agent_writes_start_and_end_per_preset_and_dapo_generations(reports, mon
         run_dir, out = Path(args[1]), Path(args[args.index("--out") + 1])
         last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
         out.mkdir()
-        (out / "eval.json").write_text(json.dumps({"accuracy": last["eval/correctness/mean"], "greedy": {
-            k.split("/")[1]: v for k, v in last.items() if k.startswith("eval/")}}))
-        solved = round(last["eval/correctness/mean"] * 10)  # of 10 entries, the first ones
-        (out / "outcomes.jsonl").write_text("".join(json.dumps({"id": i, "sample": "greedy", "correctness": float(
-            i < solved)}) + "\n" for i in range(10)))
+        solved = round(last["eval/correctness/mean"] * 10)  # of 10 entries, the first ones; even: id, odd: ood
+        greedy = {k.split("/")[1]: v for k, v in last.items() if k.startswith("eval/")}
+        holdouts = {h: {"greedy": greedy | {"correctness": sum(i < solved for i in range(j, 10, 2)) / 5}}
+                    for j, h in enumerate(["id", "ood"])}
+        (out / "eval.json").write_text(json.dumps({"accuracy": last["eval/correctness/mean"], "greedy": greedy,
+                                                   "holdouts": holdouts}))
+        (out / "outcomes.jsonl").write_text("".join(json.dumps({
+            "id": f"bfcl_gen/{['id', 'ood'][i % 2]}/fs_touch/{i // 2}", "sample": "greedy",
+            "correctness": float(i < solved)}) + "\n" for i in range(10)))
         fake.calls.append(args)
 
     monkeypatch.setattr(warm, "mrl", fake_mrl)
@@ -295,6 +299,12 @@ def test_agent_writes_start_and_end_per_preset_and_dapo_generations(reports, mon
     # every preset solves the same entries seed for seed: each paired difference is 0, the interval [0, 0]
     assert "| gdpo vs grpo | 0.100 ± 0.058 | 0.100 ± 0.058 | NOT RESOLVED (0.163) | +0.000 [+0.000, +0.000] | " \
            "±0.000 (3 seeds x 10 records) | NOT RESOLVED |" in summary
+    # each holdout on its own (SCALE=cpu: bfcl_gen's id and ood), from eval.json's holdouts and the outcomes' ids:
+    # seeds 0, 1, 2 solve entries 0, 0-1, 0-2, so id (even entries) 0, 0.2, 0.2 and ood (odd) 0, 0, 0.2 of 5
+    assert "| id/correctness |" in summary and "| ood/safety |" in summary
+    assert "| gdpo vs grpo (id) | 0.133 ± 0.067 | 0.133 ± 0.067 | NOT RESOLVED (0.189) | +0.000 [+0.000, +0.000] " \
+           "| ±0.000 (3 seeds x 5 records) | NOT RESOLVED |" in summary
+    assert "| gdpo vs grpo (ood) | 0.067 ± 0.067 | 0.067 ± 0.067 |" in summary
     assert all("--samples" in a and a[a.index("--samples") + 1] == "0" for a in fake.calls if a[0] == "eval")
     assert "dapo 8.0 (2.00x)" in summary and "grpo 4.0 (1.00x)" in summary
     assert "**Verdict: NOT RESOLVED.**" in summary
