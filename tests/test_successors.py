@@ -130,6 +130,25 @@ def test_gd2po_hard_drops_the_conflicts_scales_by_the_kept_share_and_whitens_the
     assert conflict_frac(CONFLICT) == 0.5
 
 
+def test_gd2po_kept_share_weighs_groups_against_each_other():
+    # Whitening is blind to one group's scale, not to the groups' relative scales: CONFLICT (q = 1/2, kept S' = 0 and
+    # -2/s * 1/2 = -1/s) beside a group without conflict, both channels [1, 0, 1, 0]: dev +-1/2, unbiased std
+    # sqrt(1/3), z = +-1/2 / (sqrt(1/3) + eps) per channel, S = +-a with a = 1 / (sqrt(1/3) + eps), q = 1.
+    # Kept: [0, -1/s, a, -a, a, -a]; mean m = -1/(6s); unbiased var v = sum (x - m)^2 / 5; A = (x - m) / sqrt(v + 1e-8).
+    # Without q rollout 2 would enter at -2/s and end at -0.71 instead of -0.37.
+    both = torch.cat([CONFLICT, torch.tensor([[[1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]]], dtype=F64)])
+    a = 1 / (math.sqrt(1 / 3) + EPS)
+    kept = torch.tensor([0.0, -1 / S, a, -a, a, -a], dtype=F64)
+    m = kept.mean()
+    v = ((kept - m) ** 2).sum() / 5
+    whitened = (kept - m) / torch.sqrt(v + 1e-8)
+    expected = torch.tensor([[0.0, whitened[0], whitened[1], 0.0], whitened[2:].tolist()], dtype=F64)
+    advantages, keep = gd2po_advantages(both)
+    assert keep.tolist() == [[False, True, True, False], [True] * 4]
+    assert_close(advantages, expected, **TOL)
+    assert advantages[0, 2].item() == pytest.approx(-0.3739, abs=1e-4)
+
+
 def test_gd2po_whitens_over_tokens():
     # The same kept pair with 3 and 1 tokens: mean (3 * 0 + 1 * (-1/s)) / 4 = -1/(4s), unbiased var over the 4 tokens
     # (3 (1/(4s))^2 + (3/(4s))^2) / 3 = 1/(4 s^2): A = [1/(4s), -3/(4s)] / sqrt(1/(4s^2) + 1e-8) = [0.5, -1.5].
