@@ -18,6 +18,16 @@ it).  The peak of a phase is the largest over the steps.  Phases:
   TRL: the rest of `_generate_and_score_completions` (rewards, advantages; no old/reference log-probs either);
 - update: the policy forward, the loss, backward and the optimizer step.
 Prints the peaks, the step's peak (the largest phase) and mrl / TRL.
+
+    python scripts/bench_memory.py --lengths 1024,2048,4096,8128 [--threads 2]
+
+The other mode (`make bench-memory-long`): peak memory of mrl's update against the completion's length, on
+SmolLM2-135M-Instruct (models/smollm2-135m-instruct, `make smollm2`) as `mrl train model=smollm2_local` loads it
+(fp32 master weights, AdamW, the compute dtype its `auto` picks).  Per length L one process builds the actor, then
+runs one update (`mrl.train.update.update`: the forward, the GRPO loss, backward and the optimizer step) on 1 prompt
+of 64 tokens x 2 rollouts of L random completion tokens, advantages +1 and -1.  Prints each process's peak RSS
+(VmHWM), the update's own peak (the high-water mark reset before it) and its time, and the update's peak less the
+model's (setup's) over L: what each completion token costs.
 """
 
 from __future__ import annotations
@@ -180,6 +190,87 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+LENGTH_PROMPT = 64
+
+
+def length_worker(length: int, threads: int) -> None:
+    """One update of 1 prompt x 2 rollouts of `length` completion tokens on SmolLM2; reports the peaks (MB)."""
+    import time
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    import mrl.core.config  # noqa: F401  registers the schemas
+    from mrl.algo.advantages import ESTIMATORS
+    from mrl.core.config import CONF_DIR
+    from mrl.generation.rollout import Rollouts, Sampling
+    from mrl.train.loop import build_models
+    from mrl.train.update import AlgoSettings, UpdateBatch, update
+
+    torch.set_num_threads(threads)
+    meter = PhasePeaks()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=smollm2_local", "algo=grpo", "trainer.group_size=2",
+                                          "trainer.prompts_per_step=1", "trainer.micro_batch_size=2",
+                                          f"trainer.max_new_tokens={length}", "logger=none"])
+    device = torch.device("cpu")
+    _, actor, _, _ = build_models(cfg, ESTIMATORS.choose(cfg.algo.advantage), device)
+    generator = torch.Generator().manual_seed(length)
+    vocab = actor.module.vocab_size
+    prompt = torch.randint(vocab, (1, LENGTH_PROMPT), generator=generator).expand(2, -1)  # [2, P] one prompt
+    completion = torch.randint(vocab, (2, length), generator=generator)  # [2, L]
+    ones = torch.ones_like(completion)
+    rollouts = Rollouts(prompt.clone(), torch.ones_like(prompt), completion, ones, ones, [None, None], 2)
+    batch = UpdateBatch(rollouts, ones.float(), torch.tensor([[1.0], [-1.0]]).expand(2, length).clone())
+    algo = AlgoSettings.of(cfg, Sampling.of(cfg.trainer))
+    meter.enter("update")
+    start = time.perf_counter()
+    sums, _ = update(algo, actor, None, batch)
+    seconds = time.perf_counter() - start
+    meter.enter("other")
+    assert all(v == v for v in sums.values()), sums  # finite: not NaN
+    bench.report({"setup": meter.peaks["setup"], "update": meter.peaks["update"], "update_s": seconds,
+                  "process": status_kb("VmHWM") / 1024, "loss": sums.get("loss/policy")})
+
+
+def lengths_table(results: dict[int, dict[str, Any]]) -> str:
+    lines = ["| completion tokens | setup peak RSS (MB) | update peak RSS (MB) | update - setup (MB) | "
+             "MB per 1k tokens | update s |", "|---|---|---|---|---|---|"]
+    for length, r in results.items():
+        extra = r["update"] - r["setup"]
+        lines.append(f"| {length} | {r['setup']:.0f} | {r['update']:.0f} | {extra:.0f} | {extra / length * 1000:.0f} "
+                     f"| {r['update_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def run_lengths(lengths: list[int], threads: int) -> None:
+    directory = bench.ROOT / "models" / "smollm2-135m-instruct"
+    if not (directory / "model.safetensors").exists():
+        raise SystemExit(f"{directory} is not built: make smollm2")
+    logs = bench.ROOT / "outputs" / "bench"
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"SmolLM2-135M-Instruct: one update, 1 prompt ({LENGTH_PROMPT} tokens) x 2 rollouts, {threads} threads; "
+          f"load average {bench.load_average()} ({os.cpu_count()} cores)", flush=True)
+    results: dict[int, dict[str, Any]] = {}
+    for length in lengths:
+        log = logs / f"memory-length-{length}.log"
+        with open(log, "w") as stderr:
+            done = subprocess.run([sys.executable, __file__, "--length-worker", str(length), "--threads",
+                                   str(threads)], cwd=bench.ROOT, text=True, stdout=subprocess.PIPE, stderr=stderr,
+                                  env=bench.worker_env(threads))
+        reports = [json.loads(line[len(bench.PREFIX):]) for line in done.stdout.splitlines()
+                   if line.startswith(bench.PREFIX)]
+        if not reports:
+            raise SystemExit(f"the {length}-token worker exited ({done.returncode}) without a report; {log}:\n"
+                             f"{log.read_text()[-3000:]}")
+        results[length] = reports[0]
+        print(f"  {length} tokens: update peak {results[length]['update']:.0f} MB, "
+              f"{results[length]['update_s']:.1f} s", flush=True)
+    print(f"load average after: {bench.load_average()}")
+    print(lengths_table(results))
+    (logs / "memory-lengths.json").write_text(json.dumps(results, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2, help="steps per trainer (a phase's peak is its largest)")
@@ -187,7 +278,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true", help="compose both trainers' configs and stop")
     parser.add_argument("--worker", choices=["mrl", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--lengths", help="completion lengths, comma-separated: the update's peak memory on SmolLM2 "
+                        "at each (the other mode: no TRL)")
+    parser.add_argument("--length-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.length_worker:
+        return length_worker(args.length_worker, args.threads)
+    if args.lengths:
+        return run_lengths([int(x) for x in args.lengths.split(",")], args.threads)
     if args.worker:
         return worker(args.worker, args.model_dir, args.steps, args.threads)
     if args.dry_run:

@@ -74,3 +74,115 @@ def test_an_episodes_results_stop_at_result_bytes(world, monkeypatch):
     assert world.call("ls", {}) == " [cut]" and world.result_bytes == 1000
     fresh = gym.World(world.entry)  # the bound is per episode: a new world starts at 0
     assert fresh.call("pwd", {}) == '{"current_working_directory": "/workspace"}' and fresh.result_bytes == 43
+
+
+# ---- the update: a long batch's layers keep only their inputs ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    import torch
+    from conftest import compose_config
+
+    from mrl.modeling.models import load_causal_lm, resolve_model_path
+
+    cfg = compose_config()
+    return load_causal_lm(resolve_model_path(cfg.model), cfg.model, torch.device("cpu")).double()
+
+
+def long_batch(rows: int = 2, prompt: int = 6, completion: int = 40):
+    import torch
+
+    from mrl.generation.rollout import Rollouts
+
+    gen = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(4, 32, (1, prompt), generator=gen).expand(rows, -1).clone()  # one prompt, shared
+    ids = torch.randint(4, 32, (rows, completion), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, completion // 2:] = 0  # a shorter second rollout
+    return Rollouts(prompt_ids, torch.ones_like(prompt_ids), ids * mask, mask, mask, [None] * rows, rows)
+
+
+def gradients(policy, batch, shared: bool = False):
+    """The completion's log-probs under `policy` in training, and the gradients of a fixed weighting of them;
+    `shared`: the prompt run once for the rows that share it (the update's way for short batches)."""
+    import torch
+
+    from mrl.modeling.models import Actor, position_ids
+
+    policy.zero_grad(set_to_none=True)
+    actor = Actor(policy).train()
+    logprobs, _, _ = actor(batch.input_ids, batch.attention_mask, position_ids(batch.attention_mask),
+                           batch.completion_ids.shape[1] + 1, prompt_width=batch.prompt_ids.shape[1] if shared else 0,
+                           targets=batch.completion_ids, scored=batch.completion_mask)
+    (logprobs * torch.linspace(-1, 1, logprobs.shape[1], dtype=logprobs.dtype)).sum().backward()
+    return logprobs.detach(), {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+
+# long_batch's estimate (mrl.modeling.models.saved_bytes): 62 positions (the prompt's last and 40 completion tokens,
+# the prompt's last and 20) x 2 layers x (64 + 128) x 16 bytes
+SAVED = 62 * 2 * 192 * 16
+
+
+def test_a_batch_over_checkpoint_bytes_replays_its_layers_with_the_same_gradients(tiny_policy, monkeypatch):
+    from mrl.modeling.models import saved_bytes
+
+    assert saved_bytes(tiny_policy, 62) == SAVED
+    layers = tiny_policy.get_decoder().layers
+    calls = []  # the input shape of each call of a layer's MLP (a replayed layer calls it a second time)
+    hooks = [layer.mlp.register_forward_pre_hook(lambda module, args: calls.append(args[0].shape)) for layer in layers]
+    try:
+        counted_runs(tiny_policy, layers, calls, monkeypatch)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def counted_runs(tiny_policy, layers, calls, monkeypatch):
+    import torch
+
+    from mrl.modeling import models
+
+    batch = long_batch()  # 2 rows x (6 + 40) columns = 92 tokens
+    plain_logprobs, plain = gradients(tiny_policy, batch)
+    assert [tuple(c) for c in calls] == [(2, 46, 64)] * len(layers)  # once a layer, all of it saved for the backward
+    monkeypatch.setattr(models, "CHECKPOINT_BYTES", SAVED - 1)
+    calls.clear()
+    logprobs, replayed = gradients(tiny_policy, batch, shared=True)  # (checkpointed: the plain path, not shared)
+    assert [tuple(c) for c in calls] == [(2, 46, 64)] * (2 * len(layers))  # again in the backward: input kept alone
+    assert not models.checkpointed(tiny_policy)  # as it was after the forward
+    assert logprobs.equal(plain_logprobs) and all(replayed[n].equal(plain[n]) for n in plain)  # the same numbers
+    monkeypatch.setattr(models, "CHECKPOINT_BYTES", SAVED)  # not over: as before, the prompt shared
+    calls.clear()
+    gradients(tiny_policy, batch, shared=True)
+    assert sorted(map(tuple, calls)) == sorted([(1, 6, 64), (1, 20, 64), (1, 40, 64)] * len(layers))
+    with torch.no_grad():  # no gradients, nothing to replay: scoring runs once a layer whatever its length
+        monkeypatch.setattr(models, "CHECKPOINT_BYTES", 0)
+        calls.clear()
+        models.Actor(tiny_policy).train()(batch.input_ids, batch.attention_mask,
+                                          models.position_ids(batch.attention_mask), 41, targets=batch.completion_ids)
+    assert len(calls) == len(layers)
+
+
+def test_saved_activations_grow_by_the_layer_inputs_alone_once_checkpointed(tiny_policy, monkeypatch):
+    """What autograd saves for the backward outside the replayed layers, per token, at two lengths: the difference is
+    linear in the tokens, and once the layers replay it loses what the 2 layers saved (their projections, attention,
+    MLP: 30-odd tensors a token), keeping each layer's input, the final norm's and the output layer's."""
+    import torch
+
+    from mrl.modeling import models
+
+    def saved_bytes(completion: int) -> int:
+        total = []
+
+        def pack(tensor):
+            total.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            gradients(tiny_policy, long_batch(completion=completion))
+        return sum(total)
+
+    plain = saved_bytes(80) - saved_bytes(40)  # 2 rows x 40 more tokens
+    monkeypatch.setattr(models, "CHECKPOINT_BYTES", 0)
+    replayed = saved_bytes(80) - saved_bytes(40)
+    assert 0 < replayed < plain / 4, (replayed, plain)
