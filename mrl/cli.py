@@ -132,7 +132,7 @@ def run_hydra(task) -> None:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
 def train(ctx: typer.Context) -> None:
     """Train. All arguments go to Hydra: overrides (algo=dapo trainer.seed=1), -m, --cfg job, --help; `--resume RUN`
-    continues RUN with the overrides it was started with."""
+    continues RUN with the overrides it was started with (those that would run code, only with `--trust-config`)."""
     sys.argv = ["mrl train", *ctx.args]
     hydra_train()
 
