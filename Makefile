@@ -138,6 +138,10 @@ bench-memory: $(STAMP) ## Peak memory per phase, mrl vs TRL, random Qwen2 with a
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench_memory.py $(ARGS)
 
+# LENGTHS=1024,2048 for fewer; each length is its own process (its peak RSS alone).
+bench-memory-long: $(SMOLLM2)/model.safetensors ## The update's peak RSS by completion length (1k-8k tokens), SmolLM2, 1 prompt x 2 rollouts (~20-60 min)
+	$(BIN)/python scripts/bench_memory.py --lengths $(or $(LENGTHS),1024,2048,4096,8128) $(ARGS)
+
 dp-check: $(STAMP) ## Data parallel on CPU: the same run on 1 and 2 torchrun ranks (ZeRO-2, gloo), timed; then the 2-rank tests
 	OUT=outputs/dp-check PYTHON=$(BIN)/python scripts/dp_cpu_check.sh
 
