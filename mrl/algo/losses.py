@@ -76,6 +76,61 @@ def clipped_surrogate(
     return loss, was_clipped
 
 
+def sampler_importance_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, mode: str,
+                               cap: float) -> Tensor:
+    """The truncated importance weight of each generated token for rollouts drawn by another engine (vLLM), whose
+    probabilities differ a little from the trainer's: r = exp(old - sampler), the trainer's log-prob of the token at
+    the sampling weights over the sampler's (TRL's `vllm_importance_sampling_correction`, verl's TIS).  `mode`
+    (SAMPLER_WEIGHTS): token_truncate min(r_t, cap) per token; token_mask r_t, or 0 where r_t > cap;
+    sequence_truncate / sequence_mask the same on the row's r = exp(sum of its tokens' log-ratios), given to each of
+    its tokens.  Without gradients (a weight, not a path).  All [N, T] -> [N, T], 0 where `mask` is 0.
+
+    >>> old, sampler, mask = torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, -1.0]]), torch.ones(1, 2)
+    >>> sampler_importance_weights(old, sampler, mask, "token_truncate", 2.0)  # e^1 = 2.72 truncated to 2
+    tensor([[2., 1.]])
+    >>> sampler_importance_weights(old, sampler, mask, "token_mask", 2.0)
+    tensor([[0., 1.]])
+    """
+    return SAMPLER_WEIGHTS.choose(mode)(old_logprobs.detach().float(), sampler_logprobs.float(), mask.float(), cap)
+
+
+def _per_token(old: Tensor, sampler: Tensor, mask: Tensor) -> Tensor:  # [N, T] log r_t, 0 off the mask
+    return (old - sampler) * mask
+
+
+def _per_sequence(old: Tensor, sampler: Tensor, mask: Tensor) -> Tensor:  # [N, T]: each row's log r on its tokens
+    return _per_token(old, sampler, mask).sum(-1, keepdim=True).expand_as(mask)
+
+
+def _truncated(log_ratio: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[..., Tensor]:
+    return lambda old, sampler, mask, cap: log_ratio(old, sampler, mask).exp().clamp(max=cap) * mask
+
+
+def _masked(log_ratio: Callable[[Tensor, Tensor, Tensor], Tensor]) -> Callable[..., Tensor]:
+    def weight(old: Tensor, sampler: Tensor, mask: Tensor, cap: float) -> Tensor:
+        ratio = log_ratio(old, sampler, mask).exp()
+        return ratio.masked_fill(ratio > cap, 0.0) * mask
+    return weight
+
+
+# rollout.importance_weight -> (old [N, T], sampler [N, T], mask [N, T], cap) -> weights [N, T]; "none": all 1.
+SAMPLER_WEIGHTS = Registry("rollout.importance_weight", "mrl/algo/losses.py SAMPLER_WEIGHTS", {
+    "token_truncate": _truncated(_per_token),
+    "token_mask": _masked(_per_token),
+    "sequence_truncate": _truncated(_per_sequence),
+    "sequence_mask": _masked(_per_sequence),
+    "none": lambda old, sampler, mask, cap: mask,
+})
+
+
+def logprob_gap(old_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> tuple[float, float]:
+    """(mean, max) over the generated tokens (`mask`) of |old - sampler|, the trainer's log-prob of each sampled token
+    against the sampler's: how far off-policy another engine's rollouts are (0, 0 with no token).  All [N, T]."""
+    gap = (old_logprobs.detach().float() - sampler_logprobs.float()).abs() * mask  # [N, T]
+    tokens = float(mask.sum())
+    return (float(gap.sum()) / tokens, float(gap.max())) if tokens else (0.0, 0.0)
+
+
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Per-token KL(policy || reference), Schulman's k3 estimator: exp(r) - r - 1 with r = ref - policy.
 

@@ -392,13 +392,33 @@ class SftConfig:
 
 
 @dataclass
+class VllmSettings:
+    """The vLLM engine's (`rollout.engine=vllm`, mrl/generation/vllm_engine.py): colocated in the trainer's process."""
+
+    max_model_len: int = bounded(4096, 1, fix="the longest prompt + transcript one episode may reach, in tokens")
+    # CPU: the KV cache's memory (vLLM's kv_cache_memory_bytes); SmolLM2 in float32 holds ~23k tokens a GiB
+    kv_cache_gb: float = bounded(2.0, 0, strict=True, fix="the KV cache's size in GiB on a CPU (2 by default)")
+    # CUDA: the share of the GPU's memory vLLM takes (weights and KV cache), beside the trainer's
+    gpu_memory_utilization: float = bounded(0.3, 0, 1, strict=True, fix="the share of the GPU vLLM takes; 0.3-0.5")
+    sleep: bool = True  # CUDA: release vLLM's memory between generation and update (sleep mode); a CPU has none
+
+
+@dataclass
 class RolloutConfig:
     """How rollouts are generated: an engine of mrl.generation.rollout.ROLLOUT_ENGINES."""
 
     # mrl's turn loop on the training module itself, each turn decoded by: native = mrl's own decoder (Llama, Qwen2,
-    # Qwen3, Mistral), captured = the native decoder under captured CUDA graphs, hf = HF generate, auto = captured on
-    # CUDA where it passes its first-use check, native elsewhere where it runs the model, else hf.  (vLLM: docs/gpu.md.)
+    # Qwen3, Mistral), captured = the native decoder under captured CUDA graphs, hf = HF generate; or vllm = vLLM
+    # (`pip install 'mrl[vllm]'`) in this process, its weights synced after every update.  auto = vllm where it is
+    # installed and runs the model, else captured on CUDA where it passes its first-use check, native elsewhere where
+    # it runs the model, else hf.
     engine: str = "auto"
+    # Where another engine (vLLM) samples, each token's loss is weighed by exp(trainer's old log-prob - sampler's),
+    # as mrl.algo.losses.SAMPLER_WEIGHTS names: token_truncate (min(r, cap)), token_mask, sequence_truncate,
+    # sequence_mask (TRL's modes), or none.
+    importance_weight: str = "token_truncate"
+    importance_cap: float = bounded(2.0, 1, fix="the importance weight's cap C (TRL's and verl's 2-3)")
+    vllm: VllmSettings = field(default_factory=VllmSettings)
 
 
 @dataclass

@@ -10,6 +10,7 @@ of each prompt is left-padded after them (`prompt_layout`): padding in the middl
 
 from __future__ import annotations
 
+import os
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mrl.algo.losses import SAMPLER_WEIGHTS
 from mrl.chat.protocols import ToolProtocol, Turn
 from mrl.chat.stops import Stops, first_stop, spelled_stop
 from mrl.core.config import Registry, UserError
@@ -26,7 +28,9 @@ from mrl.core.distributed import warn
 from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.generation.captured import captured_decoder, first_use_check
 from mrl.generation.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
-from mrl.modeling.models import cache_kwarg, empty_cache, hf_model, position_ids, rows_of
+from mrl.generation.vllm_engine import VllmSampler, VllmSettings, unsupported_architectures
+from mrl.generation.vllm_engine import missing as vllm_missing
+from mrl.modeling.models import BUILTIN_TINY, cache_kwarg, empty_cache, hf_model, position_ids, rows_of
 
 
 @dataclass
@@ -38,6 +42,9 @@ class Rollouts:
     completion_attention: Tensor  # [N, T] 1 on every transcript token (generated and observed), 0 on padding
     episodes: list[Episode]
     group_size: int
+    # [N, T] the sampler's log-prob of each generated token (0 elsewhere), where another engine than the trainer's
+    # module drew them (vLLM): what the update measures the gap to and weighs by (mrl.algo.losses.logprob_gap)
+    sampler_logprobs: Tensor | None = None
 
     @property
     def num_groups(self) -> int:
@@ -57,6 +64,7 @@ class Rollouts:
         return Rollouts(
             self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows],
             self.completion_attention[rows], [self.episodes[r] for r in rows.tolist()], self.group_size,
+            None if self.sampler_logprobs is None else self.sampler_logprobs[rows],
         )
 
     def trimmed(self) -> "Rollouts":
@@ -71,7 +79,8 @@ class Rollouts:
             return self
         return Rollouts(self.prompt_ids[:, prompt], self.prompt_mask[:, prompt], self.completion_ids[:, :width],
                         self.completion_mask[:, :width], self.completion_attention[:, :width], self.episodes,
-                        self.group_size)
+                        self.group_size,
+                        None if self.sampler_logprobs is None else self.sampler_logprobs[:, :width])
 
     def group_rows(self, groups: Tensor) -> Tensor:
         """Group indices [B'] -> their rows [B'*G]."""
@@ -84,7 +93,7 @@ class Rollouts:
     @staticmethod
     def concat(parts: list["Rollouts"], pad_id: int, min_width: int = 0) -> "Rollouts":
         """Stack rollouts from several generation rounds, re-padding prompts on the left, completions on the right
-        (to at least `min_width` tokens)."""
+        (to at least `min_width` tokens).  The sampler's log-probs only where every part has them (one engine)."""
         completion_len = max(min_width, *(p.completion_ids.shape[1] for p in parts))
         if len(parts) == 1 and parts[0].completion_ids.shape[1] == completion_len:
             return parts[0]
@@ -104,6 +113,8 @@ class Rollouts:
             torch.cat([right(p.completion_attention, 0) for p in parts]),
             [e for p in parts for e in p.episodes],
             parts[0].group_size,
+            None if any(p.sampler_logprobs is None for p in parts)
+            else torch.cat([right(p.sampler_logprobs, 0) for p in parts]),
         )
 
 
@@ -277,7 +288,7 @@ def _rows_of(cache, rows: Tensor):
     return None if cache is None else rows_of(cache, rows)
 
 
-def _right_pad(rows: list[list[int]], value: int, device: torch.device) -> Tensor:
+def _right_pad(rows: list[list[float]], value: float, device: torch.device) -> Tensor:
     width = max(1, max(len(r) for r in rows))
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], device=device)
 
@@ -383,6 +394,7 @@ class EpisodeState:
     max_new_tokens: int  # tokens the policy may generate, all turns together
     ids: list[int] = field(default_factory=list)  # policy and observation tokens
     mask: list[int] = field(default_factory=list)  # 1 where the policy generated the token
+    logprobs: list[float] = field(default_factory=list)  # the sampler's log-prob of each token (observations: 0)
     turns: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     ended: bool = False
@@ -396,10 +408,12 @@ class EpisodeState:
         """Tokens the policy may still generate."""
         return self.max_new_tokens - self.generated
 
-    def extend(self, new: list[int], turn: Turn) -> None:
-        """Append a turn: the policy's tokens `new` (mask 1), then the protocol's observation (mask 0)."""
+    def extend(self, new: list[int], turn: Turn, logprobs: list[float] | None = None) -> None:
+        """Append a turn: the policy's tokens `new` (mask 1; the sampler's log-probs of them, where it gave them), then
+        the protocol's observation (mask 0)."""
         self.ids += [*new, *turn.observation]
         self.mask += [1] * len(new) + [0] * len(turn.observation)
+        self.logprobs += [*(logprobs or [0.0] * len(new)), *[0.0] * len(turn.observation)]
         self.turns.append(turn.text)
         self.calls += turn.calls
         self.ended = turn.ended
@@ -417,6 +431,71 @@ class EpisodeState:
                        turns=self.turns, observation_tokens=len(self.mask) - self.generated, prompt_text=prompt_text)
 
 
+# One turn of the active episodes -> each row's new tokens (at least up to where its turn ended; later ones are cut)
+# and the sampler's log-probs of them, or None where the sampler is the trainer's own module.
+DrawTurn = Callable[[list[EpisodeState]], list[tuple[list[int], list[float] | None]]]
+
+
+class EpisodeBatch:
+    """B prompts x G episodes, sampled turn by turn by any engine (`run`), laid out as `Rollouts`: the prompts, their
+    layout (`prompt_layout`, the shared prefix first), how a turn ends, each episode's state."""
+
+    def __init__(self, tokenizer, prompts: list[Prompt], group_size: int, sampling: Sampling, protocol: ToolProtocol,
+                 end_ids: list[int], device: torch.device):
+        self.tokenizer, self.protocol, self.group_size, self.device = tokenizer, protocol, group_size, device
+        self.encoded = [protocol.prompt_ids(p) for p in prompts]
+        self.prefix = shared_prefix_length(self.encoded)
+        self.shared_ids, self.shared_mask = prompt_layout(self.encoded, self.prefix, tokenizer.pad_token_id,
+                                                          device)  # [B, P]
+        self.stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_ids))
+        self.stop_ids = sorted(self.stops.end_ids | set(self.stops.by_id or ()))
+        self.states = [EpisodeState(prompt, g, protocol.environment(prompt), sampling.max_new_tokens)
+                       for g, prompt in enumerate(prompts) for _ in range(group_size)]
+
+    def run(self, draw: DrawTurn) -> Rollouts:
+        """The episodes, turn by turn: `draw` samples each turn of the active ones; a turn ends at an end-of-turn
+        token, at the protocol's stop strings (`first_stop`) or at the budget; the protocol reads it, and a tool's
+        result (mask 0) continues the episode.  Returns them as `Rollouts`, with the sampler's log-probs where `draw`
+        gave them."""
+        active, sampled = self.states, False
+        while active:
+            drawn = draw(active)
+            news, logps, reasons = [], [], []
+            for state, (new, logprobs) in zip(active, drawn):
+                new = new[: state.left]
+                stop = first_stop(self.tokenizer, new, self.stops)
+                end = len(new) if stop is None else stop[0] + 1
+                news.append(new[:end])
+                logps.append(None if logprobs is None else logprobs[:end])
+                reasons.append(None if stop is None else stop[1])
+                sampled |= logprobs is not None
+            still_active = []
+            for state, new, logprobs, text, reason in zip(active, news, logps, decode_texts(self.tokenizer, news),
+                                                          reasons):
+                turn = self.protocol.turn(state.prompt, text, reason, state.world)
+                state.extend(new, turn, logprobs)
+                if state.goes_on(turn, self.protocol.max_turns):
+                    still_active.append(state)
+            active = still_active
+        return self.rollouts(sampled)
+
+    def rollouts(self, sampled: bool) -> Rollouts:
+        states, device, pad_id = self.states, self.device, self.tokenizer.pad_token_id
+        rows = torch.arange(len(states), device=device) // self.group_size  # [N]: each rollout's prompt
+        prompt_ids, prompt_mask = self.shared_ids[rows], self.shared_mask[rows]  # [N, P]
+        shown = decode_texts(self.tokenizer, self.encoded, skip_special_tokens=False)
+        bodies = [[t for t in state.ids if t not in self.stops.end_ids] for state in states]
+        episodes = [state.episode(body, text, shown[state.group])
+                    for state, body, text in zip(states, bodies, decode_texts(self.tokenizer, bodies))]
+        completion_ids = _right_pad([state.ids for state in states], pad_id, device)  # [N, T]
+        completion_mask = _right_pad([state.mask for state in states], 0, device)  # [N, T]: observations, padding: 0
+        completion_attention = _right_pad([[1] * len(state.ids) for state in states], 0, device)  # [N, T]
+        sampler_logprobs = _right_pad([state.logprobs for state in states], 0.0, device).float() \
+            if sampled else None  # [N, T]
+        return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, completion_attention, episodes,
+                        self.group_size, sampler_logprobs)
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling: Sampling,
              protocol: ToolProtocol, device: torch.device, decode: Decode = hf_decode) -> Rollouts:
@@ -429,55 +508,27 @@ def generate(model, tokenizer, prompts: list[Prompt], group_size: int, sampling:
     `protocol.max_turns` turns, unless it ended.  The ids trained on are exactly the ids sampled.
     """
     model = hf_model(model)  # a peft model's generate keeps its own generation_config: go to the HF model
-    encoded = [protocol.prompt_ids(p) for p in prompts]
-    warn_unknown_tokens(tokenizer, encoded, model)
+    batch = EpisodeBatch(tokenizer, prompts, group_size, sampling, protocol, end_token_ids(model, tokenizer), device)
+    warn_unknown_tokens(tokenizer, batch.encoded, model)
     # Each prompt is computed once per turn's generate call, not once per rollout: its cache is copied to the
     # group's rows (and the prefix all prompts share, once for all).  Inputs are then [the prompt, laid out to P |
     # the episode so far, left-padded], so that every row's prompt sits where the cache has it (padding in the
     # middle is masked, positions skip it).
-    prefix = shared_prefix_length(encoded)
-    shared_ids, shared_mask = prompt_layout(encoded, prefix, tokenizer.pad_token_id, device)  # [B, P]
-    shared = prompt_cache(model, shared_ids, shared_mask, prefix)
-    stops = replace(protocol.stops, end_ids=protocol.stops.end_ids | set(end_token_ids(model, tokenizer)))
-    stop_ids = sorted(stops.end_ids | set(stops.by_id or ()))
-    states = [EpisodeState(prompt, g, protocol.environment(prompt), sampling.max_new_tokens)
-              for g, prompt in enumerate(prompts) for _ in range(group_size)]
-    active = states
-    while active:
-        groups = torch.tensor([state.group for state in active], device=device)  # [A]
-        so_far, so_far_mask = _left_pad([state.ids for state in active], tokenizer.pad_token_id, device)
-        input_ids = torch.cat([shared_ids[groups], so_far], 1)  # [A, P + C]
-        attention_mask = torch.cat([shared_mask[groups], so_far_mask], 1)
-        budget = max(state.left for state in active)
-        criteria = StopStrings(tokenizer, stops, input_ids.shape[1]) if stops.by_text else None
-        request = DecodeRequest(input_ids, attention_mask, budget, stop_ids, tokenizer.pad_token_id, shared, groups,
-                                criteria)
-        output = decode(model, request, sampling)
-        news, reasons = [], []
-        for row, state in enumerate(active):
-            new = output[row, input_ids.shape[1]:].tolist()[: state.left]
-            stop = first_stop(tokenizer, new, stops)
-            news.append(new if stop is None else new[: stop[0] + 1])
-            reasons.append(None if stop is None else stop[1])
-        still_active = []
-        for state, new, text, reason in zip(active, news, decode_texts(tokenizer, news), reasons):
-            turn = protocol.turn(state.prompt, text, reason, state.world)
-            state.extend(new, turn)
-            if state.goes_on(turn, protocol.max_turns):
-                still_active.append(state)
-        active = still_active
+    shared = prompt_cache(model, batch.shared_ids, batch.shared_mask, batch.prefix)
+    pad_id = tokenizer.pad_token_id
 
-    rows = torch.arange(len(states), device=device) // group_size  # [N]: each rollout's prompt
-    prompt_ids, prompt_mask = shared_ids[rows], shared_mask[rows]  # [N, P]
-    shown = decode_texts(tokenizer, encoded, skip_special_tokens=False)
-    bodies = [[t for t in state.ids if t not in stops.end_ids] for state in states]
-    episodes = [state.episode(body, text, shown[state.group])
-                for state, body, text in zip(states, bodies, decode_texts(tokenizer, bodies))]
-    completion_ids = _right_pad([state.ids for state in states], tokenizer.pad_token_id, device)  # [N, T]
-    completion_mask = _right_pad([state.mask for state in states], 0, device)  # [N, T]: observations, padding: 0
-    completion_attention = _right_pad([[1] * len(state.ids) for state in states], 0, device)  # [N, T]: padding: 0
-    return Rollouts(prompt_ids, prompt_mask, completion_ids, completion_mask, completion_attention, episodes,
-                    group_size)
+    def draw(active: list[EpisodeState]) -> list[tuple[list[int], None]]:
+        groups = torch.tensor([state.group for state in active], device=device)  # [A]
+        so_far, so_far_mask = _left_pad([state.ids for state in active], pad_id, device)
+        input_ids = torch.cat([batch.shared_ids[groups], so_far], 1)  # [A, P + C]
+        attention_mask = torch.cat([batch.shared_mask[groups], so_far_mask], 1)
+        budget = max(state.left for state in active)
+        criteria = StopStrings(tokenizer, batch.stops, input_ids.shape[1]) if batch.stops.by_text else None
+        request = DecodeRequest(input_ids, attention_mask, budget, batch.stop_ids, pad_id, shared, groups, criteria)
+        output = decode(model, request, sampling)
+        return [(output[row, input_ids.shape[1]:].tolist(), None) for row in range(len(active))]
+
+    return batch.run(draw)
 
 
 class RolloutEngine(Protocol):
@@ -514,6 +565,32 @@ class InProcessEngine:
         pass
 
 
+class VllmEngine:
+    """vLLM in this process (mrl.generation.vllm_engine.VllmSampler): mrl's turn loop (`EpisodeBatch.run`, the same
+    layout, stops, tool turns and masks as `generate`), each turn of the active episodes one batch of token-id requests
+    to vLLM, which returns the tokens and their log-probs (`Rollouts.sampler_logprobs`).  `sync_weights` loads the
+    policy's weights after every update."""
+
+    def __init__(self, sampler, tokenizer, device: torch.device, end_ids: list[int]):
+        self.sampler, self.tokenizer, self.device, self.end_ids = sampler, tokenizer, device, end_ids
+
+    def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
+                 protocol: ToolProtocol) -> Rollouts:
+        batch = EpisodeBatch(self.tokenizer, prompts, group_size, sampling, protocol, self.end_ids, self.device)
+        # vLLM matches a stop string anywhere in the text; a whole-word stop (the words protocol) is left to
+        # first_stop, which cuts the turn where the in-process engines stop it.
+        strings = batch.stops.strings if batch.stops.by_text and not batch.stops.words else ()
+
+        def draw(active: list[EpisodeState]) -> list[tuple[list[int], list[float]]]:
+            rows = [batch.encoded[state.group] + state.ids for state in active]
+            return self.sampler.turn(rows, [state.left for state in active], sampling, batch.stop_ids, strings)
+
+        return batch.run(draw)
+
+    def sync_weights(self, policy: torch.nn.Module) -> None:
+        self.sampler.load(policy)
+
+
 # rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live
 # policy, so an engine holding its own copy of the weights starts from the run's (a resume's included).
 def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Module, Any, torch.device],
@@ -529,10 +606,35 @@ def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Mod
     return build
 
 
-def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> InProcessEngine:
-    """On CUDA the captured decoder where it passes its first-use check, else HF generate (`auto_cuda_decode`, said
-    in one line); elsewhere the native decoder where it runs the model (its structure, then its logits at the first
-    use), else HF generate."""
+def vllm_refusal(cfg) -> str | None:
+    """Why `rollout.engine=vllm` cannot run this config, in one line naming the fix; None when it can.  Imports vLLM
+    where it is installed and the model is a local dir (to read its architectures)."""
+    if cfg.model.name_or_path == BUILTIN_TINY:
+        return (f"vLLM cannot run the built-in tiny model ({BUILTIN_TINY}: a word-level vocabulary of its own); use a "
+                "model vLLM knows (model=smollm2_local after `make smollm2`), or rollout.engine=auto")
+    if cfg.deepspeed.enabled and cfg.deepspeed.stage == 3:
+        return "ZeRO-3 partitions the weights vLLM loads after every update; use deepspeed=zero2 (or none)"
+    return vllm_missing() or unsupported_architectures(os.path.expanduser(cfg.model.name_or_path))
+
+
+def build_vllm(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> VllmEngine:
+    """`rollout.engine=vllm`: vLLM in this process, started from the live policy's weights (a warm start's or a
+    resumed checkpoint's), in model.dtype (mrl/generation/vllm_engine.py)."""
+    reason = vllm_refusal(cfg)
+    if reason is not None:
+        raise UserError(f"rollout.engine=vllm: {reason}")
+    sampler = VllmSampler(policy, tokenizer, device, VllmSettings.of(cfg), getattr(torch, cfg.model.dtype))
+    return VllmEngine(sampler, tokenizer, device, end_token_ids(hf_model(policy), tokenizer))
+
+
+def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> InProcessEngine | VllmEngine:
+    """vLLM where it is installed and runs the model (said in one line); else on CUDA the captured decoder where it
+    passes its first-use check, else HF generate (`auto_cuda_decode`, said in one line); elsewhere the native
+    decoder where it runs the model (its structure, then its logits at the first use), else HF generate."""
+    if cfg is not None and vllm_refusal(cfg) is None:
+        warn("rollout.engine=auto: vLLM samples (installed, and it runs the model); rollout.engine=native or hf "
+             "decodes in the training module instead")
+        return build_vllm(cfg, policy, tokenizer, device)
     if device.type == "cuda":
         return InProcessEngine(policy, tokenizer, device, auto_cuda_decode)
     return InProcessEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
@@ -543,12 +645,20 @@ ROLLOUT_ENGINES = Registry("rollout.engine", "mrl/generation/rollout.py ROLLOUT_
     "hf": lambda cfg, policy, tokenizer, device: InProcessEngine(policy, tokenizer, device),
     "native": own_decoder_engine("native", native_decode),
     "captured": own_decoder_engine("captured", captured_decode),
+    "vllm": build_vllm,
     "auto": auto_engine,
 })
 
 
 def check(cfg) -> None:
-    """`rollout.engine` names a registered engine."""
-    ROLLOUT_ENGINES.choose(cfg.rollout.engine, "auto samples from the training module with mrl's captured decoder "
-                           "on CUDA where it passes its first-use check, mrl's native decoder elsewhere where it runs "
-                           "the model, else HF generate")
+    """`rollout.engine` names a registered engine, one that can run here (vllm: installed, not the tiny model);
+    `rollout.importance_weight` a mode of mrl.algo.losses.SAMPLER_WEIGHTS."""
+    ROLLOUT_ENGINES.choose(cfg.rollout.engine, "auto samples with vLLM where it is installed and runs the model, "
+                           "else from the training module with mrl's captured decoder on CUDA where it passes its "
+                           "first-use check, mrl's native decoder elsewhere where it runs the model, else HF generate")
+    SAMPLER_WEIGHTS.choose(cfg.rollout.importance_weight, "token_truncate weighs each token by min(r, cap), as TRL's "
+                           "vllm_importance_sampling_correction")
+    if cfg.rollout.engine == "vllm":
+        reason = vllm_refusal(cfg)
+        if reason is not None:
+            raise UserError(f"rollout.engine=vllm: {reason}")

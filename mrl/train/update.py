@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mrl.algo.losses import AGGREGATIONS, aggregate, clipped_surrogate, kl_k3, value_loss
+from mrl.algo.losses import (
+    AGGREGATIONS,
+    aggregate,
+    clipped_surrogate,
+    kl_k3,
+    logprob_gap,
+    sampler_importance_weights,
+    value_loss,
+)
 from mrl.core import distributed as dist
 from mrl.generation.rollout import Rollouts, Sampling
 from mrl.modeling.models import position_ids
@@ -50,6 +58,10 @@ class AlgoSettings:
     whiten_advantages: bool
     gd2po_tau: float
     sampling: Sampling  # the loss scores the distribution the sampler drew from: its temperature, top_k / top_p
+    # Rollouts another engine sampled (vLLM: Rollouts.sampler_logprobs) weigh each token's loss by
+    # mrl.algo.losses.sampler_importance_weights: rollout.importance_weight, rollout.importance_cap.
+    importance_weight: str = "token_truncate"
+    importance_cap: float = 2.0
 
     @staticmethod
     def of(cfg, sampling: Sampling) -> AlgoSettings:
@@ -57,7 +69,8 @@ class AlgoSettings:
         return AlgoSettings(algo.epochs, trainer.num_mini_batches, trainer.micro_batch_size, algo.loss_agg,
                             algo.clip_low, algo.clip_high, algo.entropy_coef, algo.kl_coef, algo.kl_mode,
                             algo.vf_coef, algo.value_clip, algo.adv_eps, algo.gdpo_batch_norm, algo.gamma, algo.lam,
-                            algo.whiten_advantages, algo.gd2po_tau, sampling)
+                            algo.whiten_advantages, algo.gd2po_tau, sampling, cfg.rollout.importance_weight,
+                            cfg.rollout.importance_cap)
 
     @property
     def single_update(self) -> bool:
@@ -165,6 +178,14 @@ def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, tem
                                                entropy_grad=algo.entropy_coef != 0, warp=warp)
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
     pg_loss, clipped = clipped_surrogate(logprobs, old, micro.advantages, algo.clip_low, algo.clip_high)
+    sampler = micro.rollouts.sampler_logprobs  # [M, T] another engine's (vLLM), or None
+    gap: dict[str, float] = {}
+    if sampler is not None:  # the rollouts are a little off-policy: weigh each token by the truncated ratio
+        weights = sampler_importance_weights(old, sampler, mask, algo.importance_weight, algo.importance_cap)
+        pg_loss = pg_loss * weights
+        gap_mean, gap_max = logprob_gap(old, sampler, mask)
+        gap = {"rollout/logprob_gap": gap_mean * float(mask.sum()) / tokens, "rollout/logprob_gap_max": gap_max,
+               "rollout/importance_weight": token_mean_part(weights, mask, tokens)}
     loss = aggregate(pg_loss, mask, algo.loss_agg, denom)
     loss = loss - algo.entropy_coef * aggregate(entropy, mask, algo.loss_agg, denom)
     stats: dict[str, float] = {}
@@ -185,6 +206,7 @@ def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, tem
         # the ratio's k3 estimate of KL(old || new): http://joschu.net/blog/kl-approx.html
         "policy/approx_kl": token_mean_part(kl_k3(logprobs.detach(), old), mask, tokens),
     })
+    stats.update(gap)
     return loss, stats
 
 
@@ -198,7 +220,10 @@ def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> 
 def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float | None]:
     """The update's metrics, averaged over its mini-batches.  Not measured this step (null in metrics.jsonl): kl
     without a reference model, loss/value without a critic, every one when dynamic sampling skipped the update."""
-    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()})
+    metrics: dict[str, float | None] = dist.mean_over_ranks({k: v / max(mini_batches, 1) for k, v in sums.items()
+                                                            if k != "rollout/logprob_gap_max"})
+    if "rollout/logprob_gap_max" in sums:  # a max, not a sum (`accumulate`)
+        metrics["rollout/logprob_gap_max"] = dist.max_over_ranks(sums["rollout/logprob_gap_max"])
     for key in UPDATE_KEYS:
         metrics.setdefault(key, None)
     return metrics
@@ -257,9 +282,10 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
 
 
 def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
-    """Add `stats` into `sums`, key by key."""
+    """Add `stats` into `sums`, key by key (the largest, for rollout/logprob_gap_max)."""
     for key, value in stats.items():
-        sums[key] = sums.get(key, 0.0) + value
+        sums[key] = max(sums.get(key, value), value) if key == "rollout/logprob_gap_max" else \
+            sums.get(key, 0.0) + value
 
 
 def token_mean_part(values: Tensor, micro_mask: Tensor, tokens: float) -> float:

@@ -23,9 +23,11 @@ from mrl.core.config import (
     DeepSpeedConfig,
     LoggerConfig,
     LoraSettings,
+    RolloutConfig,
     SftConfig,
     TrainerConfig,
     UserError,
+    VllmSettings,
     schema_bounds,
 )
 from mrl.core.distributed import exit_with_error
@@ -46,7 +48,8 @@ CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
 # order.
 BOUNDS = [bound for prefix, schema in (("trainer", TrainerConfig), ("sft", SftConfig), ("algo", AlgoConfig),
                                        ("data", DataConfig), ("deepspeed", DeepSpeedConfig), ("logger", LoggerConfig),
-                                       ("model.lora", LoraSettings))
+                                       ("model.lora", LoraSettings), ("rollout", RolloutConfig),
+                                       ("rollout.vllm", VllmSettings))
           for bound in schema_bounds(prefix, schema)]
 
 
