@@ -24,6 +24,7 @@ import time
 
 from mrl.repro.common import (
     REPORTS,
+    jobs,
     markdown_table,
     mean_se,
     multirun,
@@ -38,7 +39,8 @@ from mrl.repro.plots import group_runs, plot_band, pyplot, save_curves
 
 NAME = "successors"
 ARMS = ["grpo", "gdpo", "gd2po", "gd2po_snr", "corrgrpo"]
-STEPS, SEEDS, LAST, EVAL_PROMPTS = 60, "0,1,2", 10, 64
+STEPS, SEEDS, LAST, EVAL_PROMPTS = 60, "3,4,5", 10, 64  # plan b (reports/successors/plan.md): seeds 3-5
+SAMPLES = 8  # held-out episodes sampled per record at the training temperature: the claims' mean@8
 VETO = "rewards.channels.safety.enforce=veto"
 SETTINGS = {
     "conflict": ["rewards=agent_triple", VETO, "rewards.channels.efficiency.weight=1.0"],
@@ -123,6 +125,7 @@ def run_bfcl() -> None:
 def sweep(setting: str) -> list[str]:
     return [f"algo={','.join(ARMS)}", f"trainer.seed={SEEDS}", f"trainer.max_steps={STEPS}",
             f"trainer.eval_every={STEPS}", "trainer.eval_at_start=false", f"trainer.eval_prompts={EVAL_PROMPTS}",
+            f"trainer.eval_samples={SAMPLES}",
             *SETTINGS[setting]]
 
 
@@ -156,7 +159,9 @@ def plot(setting: str, by_arm: dict) -> str:
 def main() -> None:
     if settings() == ["bfcl"]:
         return run_bfcl()
+    start = time.perf_counter()
     done = side_by_side(run_setting, settings())
+    wall = time.perf_counter() - start
     sections, rows, claim_rows, every_run, verdicts = [], [], [], [], []
     for setting, runs, command, seconds in done:
         by_arm = group_runs(runs, lambda r: r.config.algo.name)
@@ -167,36 +172,41 @@ def main() -> None:
             for channel in CHANNELS[setting]:
                 row[channel] = mean_se([r.mean_last(f"reward/{channel}/mean", LAST) for r in by_arm[arm]])
             row["held_out"] = mean_se([r.mean_last("eval/correctness/mean", 1) for r in by_arm[arm]])
+            row["sampled"] = mean_se([r.mean_last(f"eval/correctness/mean@{SAMPLES}", 1) for r in by_arm[arm]])
             for key in DIAGNOSTICS:
                 row[key] = statistics.mean(r.mean_last(key, STEPS) for r in by_arm[arm])
             rows.append(row)
             table.append([arm] + [f"{row[c][0]:.3f} ± {row[c][1]:.3f}" for c in CHANNELS[setting]]
-                         + [f"{row['held_out'][0]:.3f} ± {row['held_out'][1]:.3f}"]
+                         + [f"{row[k][0]:.3f} ± {row[k][1]:.3f}" for k in ("held_out", "sampled")]
                          + [row[k] for k in DIAGNOSTICS])
         for run in runs:
             every_run.append([setting, run.config.algo.name, run.config.trainer.seed,
                               run.mean_last("reward/correctness/mean", LAST), run.mean_last("eval/correctness/mean", 1),
+                              run.mean_last(f"eval/correctness/mean@{SAMPLES}", 1),
                               len(run.records), f"`{run.path.relative_to(REPORTS / NAME)}`"])
         sections.append(f"### {setting}\n\n```\n{command}\n```\n\n{seconds / 60:.1f} min under load.\n\n"
                         + markdown_table(["arm"] + [f"{c} (last {LAST} steps)" for c in CHANNELS[setting]]
-                                         + ["held-out correctness"] + [f"{k} (mean)" for k in DIAGNOSTICS], table)
+                                         + ["held-out correctness (greedy)", f"held-out mean@{SAMPLES}"]
+                                         + [f"{k} (mean)" for k in DIAGNOSTICS], table)
                         + f"\n\n![{setting}]({picture})")
         for claim_setting, ours, theirs, channel, text in CLAIMS:
             if claim_setting != setting:
                 continue
             arm_of = lambda r: r.config.algo.name  # noqa: E731
-            paired = paired_verdict(arm_outcomes(runs, arm_of, ours, channel, False),
-                                    arm_outcomes(runs, arm_of, theirs, channel, False))
-            seed_means = lambda arm: [r.mean_last(f"eval/{channel}/mean", 1) for r in by_arm[arm]]  # noqa: E731
+            paired = paired_verdict(arm_outcomes(runs, arm_of, ours, channel, True),
+                                    arm_outcomes(runs, arm_of, theirs, channel, True))
+            seed_means = lambda arm: [r.mean_last(f"eval/{channel}/mean@{SAMPLES}", 1)  # noqa: E731
+                                      for r in by_arm[arm]]
             cells = verdict_cells(seed_means(ours), seed_means(theirs), paired)
-            claim_rows.append([setting, f"{text} ({ours} vs {theirs}, held-out {channel})", *cells])
+            claim_rows.append([setting, f"{text} ({ours} vs {theirs}, held-out {channel} mean@{SAMPLES})", *cells])
             verdicts.append(paired.verdict)
     write_csv(REPORTS / NAME / "successors.csv",
               [{k: (v[0] if isinstance(v, tuple) else v) for k, v in row.items()} for row in rows])
     numbers = ("\n\n".join(sections) + "\n\n#### Verdicts\n\n" + RULE + "\n\n"
                + markdown_table(["setting", "claim"] + COLUMNS, claim_rows)
                + "\n\n#### Every run\n\n" + markdown_table(
-                   ["setting", "arm", "seed", f"correctness (last {LAST})", "held-out correctness", "steps", "dir"],
+                   ["setting", "arm", "seed", f"correctness (last {LAST})", "held-out greedy",
+                    f"held-out mean@{SAMPLES}", "steps", "dir"],
                    every_run))
     minutes = sum(d[3] for d in done) / 60
     write_summary(
@@ -206,13 +216,14 @@ def main() -> None:
               "scale; and GDPO beats GRPO where a skewed binary channel sits beside a loud graded one.",
         setup=f"`make repro-successors` (`python -m mrl.repro.successors`; the plan: [plan.md](plan.md)): per "
               f"setting one multirun, {', '.join(ARMS)} x seeds {SEEDS}, {STEPS} steps, tiny model, CPU; final = "
-              f"mean of the last {LAST} steps (± SE over seeds); held-out: greedy correctness on {EVAL_PROMPTS} "
-              "prompts at the last step.\n\n" + "\n\n".join(f"```\n{d[2]}\n```" for d in done),
+              f"mean of the last {LAST} steps (± SE over seeds); held-out: correctness on {EVAL_PROMPTS} prompts at "
+              f"the last step, greedy and {SAMPLES} samples a record (the claims: mean@{SAMPLES}).\n\n"
+              + "\n\n".join(f"```\n{d[2]}\n```" for d in done),
         numbers=numbers,
         verdict=" ".join(f"{row[0]}: {row[1]} — {row[-1]}." for row in claim_rows),
         held=overall_word(verdicts),
-        cost=f"{minutes:.0f} min of runs in all (settings side by side with JOBS>1), on 2 shared CPU cores under "
-             "load from other jobs.",
+        cost=f"{wall / 60:.0f} min of wall time ({minutes:.0f} min summed over the settings' multiruns, run "
+             f"$JOBS={jobs()} side by side), on 2 CPU cores shared with other jobs.",
     )
 
 
