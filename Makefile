@@ -190,7 +190,7 @@ repro-paper: $(STAMP) ## The GDPO paper's BFCL setting from one warm start, grpo
 
 repro-agent: export MALLOC_MMAP_THRESHOLD_ = 4294967296
 repro-agent: export MALLOC_TRIM_THRESHOLD_ = 68719476736
-repro-agent: $(STAMP) ## A warm start (SFT on multi-turn demonstrations), then the seven presets x 3 seeds on the BFCL multi-turn gym (SCALE=cpu: SmolLM2, 38 min on quiet cores)
+repro-agent: $(STAMP) ## A warm start (SFT on multi-turn demonstrations), then the seven presets x 3 seeds on a multi-turn agent gym (SCALE=cpu: SmolLM2 on the generated gym rewards=bfcl_gen, planned at ~2 h, not yet run; SCALE=gpu: BFCL's own entries)
 	@[ "$$SCALE" != cpu ] || [ -f $(SMOLLM2)/model.safetensors ] || $(MAKE) smollm2
 	$(BIN)/python -m mrl.repro.agent
 
