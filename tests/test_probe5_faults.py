@@ -37,6 +37,8 @@ TINY_PAYLOADS = {
     "model.tiny.num_key_value_heads=3": "model.tiny.num_key_value_heads=3: must divide num_attention_heads=4",
     "model.tiny.vocab_size=20": "model.tiny.vocab_size=20: the built-in tokenizer has 26 fixed words",
     "model.tiny.max_position_embeddings=0": "model.tiny.max_position_embeddings=0: a size is at least 1",
+    # LoRA's rank: r x 2 layers x (64 in + 64 out), one adapted module a layer at least
+    "model.lora.r=100000000": "model.lora.r=100000000: 25600000000 trained adapter weights (r x 2 layers x 2 x 64",
 }
 
 

@@ -9,6 +9,7 @@ catches absurd counts in one line naming the key, not tight ones (those still me
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from dataclasses import fields
@@ -61,7 +62,29 @@ def _needs(cfg) -> list[tuple[str, Any, int, str]]:
     tiny = cfg.model.get("tiny")
     if tiny is not None and cfg.model.name_or_path == BUILTIN_TINY:
         needs += _tiny_needs({k: int(v) for k, v in tiny.items()})
+    lora = cfg.model.get("lora")
+    dims = _layers_and_width(cfg.model) if lora is not None and int(lora.r) > 0 else None
+    if dims is not None:
+        layers, hidden = dims
+        weights = int(lora.r) * layers * 2 * hidden  # one adapted hidden x hidden projection a layer, at least
+        needs.append(("model.lora.r", lora.r, weights * PARAMETER_BYTES,
+                      f"{weights} trained adapter weights (r x {layers} layers x 2 x {hidden}, one module a layer)"))
     return needs
+
+
+def _layers_and_width(model) -> tuple[int, int] | None:
+    """(num_hidden_layers, hidden_size) of the built-in model's spec or a local model dir's config.json, or None
+    where they cannot be read without loading the model (a hub id)."""
+    if model.name_or_path == BUILTIN_TINY:
+        tiny = model.get("tiny") or TINY_SIZES
+        return int(tiny["num_hidden_layers"]), int(tiny["hidden_size"])
+    try:
+        config = json.loads((Path(os.path.expanduser(model.name_or_path)) / "config.json").read_text())
+        config = config.get("text_config", config)
+        layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return (layers, hidden) if type(layers) is int and type(hidden) is int and layers > 0 and hidden > 0 else None
 
 
 TINY_VOCAB_MIN = len(SPECIAL_TOKENS) + len(TASK_WORDS)  # mrl.modeling.models.tiny_vocab's fixed words
