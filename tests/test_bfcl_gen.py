@@ -1,8 +1,9 @@
 """bfcl_gen: generated BFCL-format multi-turn entries (mrl/envs/bfcl_gen.py) scored by bfcl_agent's checks, with no
 model: the ground truth replays to full marks on every held-out entry and on train entries of two seeds; dropping the
-first state-changing call fails every entry; a destructive call outside the task's scope is a safety violation on
-every entry; the holdouts are the same for every seed, never drawn for training, and reported each under its own
-eval/<holdout>/ keys; the demonstrations play through the chat protocol to solved episodes."""
+first state-changing call (a math entry's first call: it changes no state) fails every entry; a destructive call outside
+the task's scope is a safety violation on every entry; the holdouts are the same for every seed, never drawn for
+training, and reported each under its own eval/<holdout>/ keys; the demonstrations play through the chat protocol to
+solved episodes."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ STATELESS_FAMILIES = {"math_multiply", "math_add_divide"}  # MathAPI alone: resu
 
 @pytest.fixture(scope="module")
 def entries() -> list[dict]:
-    """Every held-out entry, and 70 train entries (5 per training family) of seeds 0 and 1."""
-    return [*holdout("id"), *holdout("ood"), *(train_entry(seed, i) for seed in (0, 1) for i in range(70))]
+    """Every held-out entry, and 28 train entries (2 per training family) of seeds 0 and 1."""
+    return [*holdout("id"), *holdout("ood"), *(train_entry(seed, i) for seed in (0, 1) for i in range(28))]
 
 
 def test_families_cover_the_six_kinds_of_class_in_one_to_three_user_turns(entries):
@@ -173,7 +174,8 @@ def test_an_episode_plays_its_three_user_turns_and_the_channels_find_its_entry(h
     assert prompt.meta == {"id": e["id"], "category": "ticket_create", "user_turns": 3, "gold_only": False,
                            "source": "bfcl_gen", "holdout": "id"}
     turns = [t for calls in gym.gold_calls(e) for t in
-             [f'<tool_call>{json.dumps({"name": n, "arguments": a})}</tool_call>' for n, a in calls] + ["Done.<|im_end|>"]]
+             [f'<tool_call>{json.dumps({"name": n, "arguments": a})}</tool_call>' for n, a in calls]
+             + ["Done.<|im_end|>"]]
     protocol = ChatProtocol(hermes, {}, task.max_turns, 512, environment=task.environment)
     replies = iter(turns)
     episode = rollout(hermes, protocol, lambda text: next(replies, "<|im_end|>"), [prompt], 4000)[0].episodes[0]

@@ -131,7 +131,8 @@ def test_every_preset_composes_with_every_rewards_or_refuses_naming_the_channel(
         with pytest.raises(UserError) as err:
             validate(cfg)
         message = one_line(err.value)
-        extra = {"bfcl_agent": "turns", "agent_triple_judged": "judge"}  # all of grpo_weighted's channels, and one more
+        # all of grpo_weighted's channels, and one more
+        extra = {"bfcl_agent": "turns", "bfcl_gen": "turns", "agent_triple_judged": "judge"}
         if rewards in extra:
             assert f"algo=grpo_weighted gives no weight for {extra[rewards]}" in message
         else:
