@@ -429,3 +429,18 @@ def test_mrl_eval_of_a_checkpoint_whose_template_loops_ends_in_one_line(trained,
     assert result.returncode == 2 and "rendered one conversation for more than 5 s" in result.stderr, result.stderr
     assert took < 90, took  # start-up, the model, then the bound: before, still rendering after 120 s
     assert not (run / "eval.json").exists()
+
+
+def test_the_probes_resume_payloads_write_nothing(trained, tmp_path):
+    """Lines added to .hydra/overrides.yaml: a Hydra callback that touches a file, and a channel's `_target_`; each
+    ran at `mrl train --resume` (exit 0, the file written).  Now one line, exit 2, nothing written, no step trained."""
+    for planted in (["+hydra.callbacks.pwn._target_=pathlib.Path.touch", "+hydra.callbacks.pwn.self={victim}"],
+                    ["rewards.channels.safety.fn._target_=pathlib.Path.touch", "+rewards.channels.safety.fn.self="
+                     "{victim}"]):
+        run = copy_of(trained, tmp_path / f"run{len(os.listdir(tmp_path))}")
+        victim = tmp_path / f"victim_{run.name}"
+        with open(run / ".hydra" / "overrides.yaml", "a") as saved:
+            saved.writelines(f"- {line.format(victim=victim)}\n" for line in planted)
+        result = mrl("train", "--resume", str(run), "trainer.max_steps=2", cwd=tmp_path)
+        assert result.returncode == 2 and f"holds '{planted[0]}'" in result.stderr, result.stderr
+        assert not victim.exists() and (run / "metrics.jsonl").read_text() == (trained / "metrics.jsonl").read_text()
