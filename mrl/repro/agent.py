@@ -82,7 +82,7 @@ def plan(at: str | None = None) -> warm.Plan:
 def final_args(the_plan: warm.Plan, run_dir: Path) -> list[str]:
     """`mrl eval` of a run's final checkpoint on the plan's held-out entries, greedy and SAMPLES times sampled."""
     return ["eval", str(run_dir), "--prompts", str(the_plan.eval_prompts), "--samples",
-            str(SAMPLES[warm.scale(SIZES)]), "--out", str(run_dir / FINAL)]
+            str(SAMPLES[warm.scale(SIZES)]), "--out", str(run_dir / FINAL), "--trust-config"]  # a run it trained
 
 
 def final_outcomes(run_dir: Path, holdout: str | None = None) -> list[dict]:
