@@ -444,3 +444,13 @@ def test_the_probes_resume_payloads_write_nothing(trained, tmp_path):
         result = mrl("train", "--resume", str(run), "trainer.max_steps=2", cwd=tmp_path)
         assert result.returncode == 2 and f"holds '{planted[0]}'" in result.stderr, result.stderr
         assert not victim.exists() and (run / "metrics.jsonl").read_text() == (trained / "metrics.jsonl").read_text()
+
+
+def test_the_reproductions_score_the_runs_they_trained_with_trust(monkeypatch):
+    """Their runs render SmolLM2's and Qwen3's chat templates, which `mrl eval` renders only with --trust-config."""
+    from mrl.repro import agent
+
+    assert agent.final_args(agent.plan("cpu"), Path("run"))[-1] == "--trust-config"
+    monkeypatch.setenv("GPU_MODEL", "qwen3_0_6b")
+    gpu = agent.plan("gpu")
+    assert gpu.thinking and gpu.thinking_args(Path("run"), True)[-1] == "--trust-config"
