@@ -31,6 +31,7 @@ from mrl.runs.report import moving_average
 NAME = "constraints/binding"
 # 8 arms x 3 seeds x 300 steps, one arm (its 3 seeds in turn) per lane, all lanes at once, one thread per run:
 # 54 min on 2 cores under load 20-52 (where one run's step took ~0.3 s on one thread and ~8 s on torch's default).
+# The 4 pid arms make it 12 (36 runs): not run whole yet; ARMS= runs a part (6 pid runs: 22-48 min at load 35-50).
 STEPS, SEEDS, LAST = 300, "0,1,2", 100
 ALGOS = ("gdpo", "grpo")  # scalarized advantages, scalarized rewards (grpo is grpo_weighted on these two channels)
 WEIGHTS = (0.5, 2.0)  # either side of the indifference price (~0.9-1), on gdpo (a veto is measured on both)
