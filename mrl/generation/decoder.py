@@ -275,10 +275,8 @@ class NativeDecoder:
         allowed = torch.zeros(rows, width + budget, dtype=torch.bool, device=device)  # the keys each row attends to
         allowed[:, :width] = request.attention_mask.bool()
         cache_rows = request.cache_rows
-        # Cascade attention where rows share prompts (a group's rollouts), not one row a prompt (greedy evaluation),
-        # and without autocast: its products would round to bf16 there, where SDPA's accumulate in fp32.
-        if self.grouped and start and cache_rows is not None and len(cache_rows) >= 2 * len(cache_rows.unique()) \
-                and getattr(self.model, "compute_autocast", None) is None:
+        # Cascade attention where rows share prompts (a group's rollouts), not one row a prompt (greedy evaluation).
+        if self.grouped and start and cache_rows is not None and len(cache_rows) >= 2 * len(cache_rows.unique()):
             buffers = SharedPrefixKV(cache, cache_rows, allowed[:, :start], width + budget)
         else:
             buffers = KVBuffers(cache if start else None, cache_rows, width + budget)
@@ -459,28 +457,38 @@ class SharedPrefixKV(KVBuffers):
         """Attention of q [A, heads, n, D] over the row's prompt (shared) and its own keys, values [A, KV heads, S,
         D] under `mask` [A, 1, n, C + S] -> [A, n, heads, D], query head h reading KV head h // (heads / KV heads)
         (HF's `repeat_kv` layout).  A decode step (n = 1) computes each part's softmax apart and merges the two by
-        their maxima and sums: the one softmax over all keys, to float rounding."""
-        rows, heads, n, dim = q.shape
+        their maxima and sums: the one softmax over all keys, to float rounding.  Under bf16 compute it does so in
+        fp32, as SDPA's kernel accumulates (bf16 scores would keep 3 digits), and returns bf16 as SDPA does."""
+        heads, n = q.shape[1:3]
         if n > 1:  # a turn's first call (the prompt's last token, a transcript so far): once, through SDPA's kernel,
             # whose memory grows with n where the scores below would grow with n^2
             return torch.nn.functional.scaled_dot_product_attention(
                 q, torch.cat([self.prefix_keys[layer][self.groups], keys], 2),
                 torch.cat([self.prefix_values[layer][self.groups], values], 2), attn_mask=mask, scale=scale,
                 enable_gqa=heads != keys.shape[1]).transpose(1, 2)
+        wide = torch.promote_types(q.dtype, torch.float32)  # bf16 -> fp32; fp32, fp64 as they are
+        with torch.autocast(q.device.type, enabled=False):
+            out = self._decode_attend(layer, q.to(wide), keys.to(wide), values.to(wide), mask, scale)
+        return out.to(q.dtype)
+
+    def _decode_attend(self, layer: int, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor, scale: float):
+        """`attend` of one decode step (n = 1), in q's dtype."""
+        rows, heads, _, dim = q.shape
         kv_heads = keys.shape[1]
         per_kv = heads // kv_heads
-        prompts = len(self.prefix_keys[layer])
+        prefix_keys, prefix_values = (x[layer].to(q.dtype) for x in (self.prefix_keys, self.prefix_values))
+        prompts = len(prefix_keys)
         # The prompt part: a prompt's rows' queries side by side, [U, KV, R * per_kv, D] against its C keys.
         grouped = q.new_zeros(prompts, self.width, heads, dim)
         grouped[self.groups, self.slots] = q[:, :, 0]
         grouped = grouped.view(prompts, self.width, kv_heads, per_kv, dim).transpose(1, 2)
         grouped = grouped.reshape(prompts, kv_heads, -1, dim)
-        scores = torch.matmul(grouped, self.prefix_keys[layer].transpose(-1, -2)).mul_(scale)  # [U, KV, R*p, C]
+        scores = torch.matmul(grouped, prefix_keys.transpose(-1, -2)).mul_(scale)  # [U, KV, R*p, C]
         scores.masked_fill_(~self.prefix_mask, -torch.inf)
         top = scores.amax(-1, keepdim=True).clamp_(min=torch.finfo(scores.dtype).min)  # a prompt of padding: 0
         weights = scores.sub_(top).exp_()
         prompt_sum = weights.sum(-1, keepdim=True)
-        prompt_out = torch.matmul(weights, self.prefix_values[layer])  # unnormalized
+        prompt_out = torch.matmul(weights, prefix_values)  # unnormalized
 
         def to_rows(x: Tensor) -> Tensor:  # [U, KV, R * per_kv, ...] -> [A, KV, per_kv, ...]
             x = x.view(prompts, kv_heads, self.width, per_kv, x.shape[-1]).transpose(1, 2)
