@@ -58,10 +58,10 @@ def half_compute_on_cpu(monkeypatch):
     monkeypatch.setattr(mrl.modeling.precision, "precision_for", gpu_like)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_policy_by_device(monkeypatch, amx):
-    monkeypatch.setattr(mrl.modeling.precision, "cpu_has_amx", lambda: amx)
-    auto = torch.bfloat16 if amx else None  # a CPU with AMX computes in bf16; one without, in fp32
+@pytest.mark.parametrize("native", ["AMX", "AVX512-BF16", None])
+def test_policy_by_device(monkeypatch, native):
+    monkeypatch.setattr(mrl.modeling.precision, "cpu_bf16", lambda: native)
+    auto = torch.bfloat16 if native else None  # a CPU with native bf16 matmuls computes in bf16; one without, fp32
     assert precision_for("bfloat16", CPU) == Precision(compute=auto, export=torch.bfloat16)
     assert precision_for("float32", CPU) == Precision(compute=auto, export=torch.float32)
     assert precision_for("float32", CPU, "float32") == Precision(compute=None, export=torch.float32)
@@ -83,17 +83,32 @@ def test_policy_by_device(monkeypatch, amx):
         precision_for("bf16", CPU)
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_the_compute_is_said_once_and_bf16_without_amx_is_warned(monkeypatch, capsys, amx):
-    monkeypatch.setattr(mrl.modeling.precision, "cpu_has_amx", lambda: amx)
+@pytest.mark.parametrize("native", ["AMX", None])
+def test_the_compute_is_said_once_and_bf16_without_native_bf16_is_warned(monkeypatch, capsys, native):
+    monkeypatch.setattr(mrl.modeling.precision, "cpu_bf16", lambda: native)
     precision = Precision(compute=torch.bfloat16, export=torch.float32)
     mrl.modeling.precision.announce.cache_clear()
     for _ in range(2):  # the policy, then the reference: said once
         compute_in(torch.nn.Linear(2, 2), precision, CPU)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["mrl: compute: bfloat16 (AMX) on cpu, float32 masters, exported in float32"] if amx else \
-        lines == ["mrl: warning: compute: bfloat16 (no AMX): bf16 matmuls run ~27x slower than fp32 on such CPUs; "
-                  "model.compute_dtype=auto computes in fp32 on cpu, float32 masters, exported in float32"]
+    assert lines == ["mrl: compute: bfloat16 (AMX) on cpu, float32 masters, exported in float32"] if native else \
+        lines == ["mrl: warning: compute: bfloat16 (no native bf16): bf16 matmuls run ~27x slower than fp32 on such "
+                  "CPUs; model.compute_dtype=auto computes in fp32 on cpu, float32 masters, exported in float32"]
+
+
+def test_the_cpu_flags_name_the_native_bf16_units(monkeypatch, tmp_path):
+    import builtins
+
+    real_open = builtins.open
+    for flags, native in [("fpu avx512f avx512_bf16 amx_bf16 amx_tile", "AMX"),
+                          ("fpu avx512f avx512_bf16", "AVX512-BF16"), ("fpu avx2 avx512f", None)]:
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        monkeypatch.setattr(builtins, "open", lambda path, *a, **k: real_open(
+            cpuinfo if path == "/proc/cpuinfo" else path, *a, **k))
+        mrl.modeling.precision.cpu_bf16.cache_clear()
+        assert mrl.modeling.precision.cpu_bf16() == native, flags
+    mrl.modeling.precision.cpu_bf16.cache_clear()
 
 
 def test_the_tiny_model_computes_in_fp32_and_a_real_model_by_the_hardware():

@@ -275,7 +275,8 @@ class ModelConfig:
     # computes in); trained weights and optimizer states are float32 whatever it says (mrl/modeling/precision.py).
     dtype: str = "float32"
     # auto | float32 | bfloat16 | float16: the dtype forwards and backwards compute in, under autocast.  auto: bfloat16
-    # on a CPU with AMX (float32 on one without, where bf16 is slow), model.dtype on a GPU.
+    # on a CPU with native bf16 matmuls (AMX, AVX-512 BF16; float32 on one without, where bf16 is slow), model.dtype on
+    # a GPU.
     compute_dtype: str = "auto"
     use_chat_template: bool = False  # wrap task prompts with the tokenizer's chat template
     # How agents call tools (mrl/chat/protocols.py): `chat` in the model's own chat format

@@ -11,11 +11,12 @@ backward runs its matmuls in.  Neither is ever the dtype of the weights being tr
   `torch.autocast` in the compute dtype (matmuls in bf16; softmax, log-softmax, norms and losses in fp32, as autocast
   keeps them); float16 adds a gradient scaler, since its small range underflows gradients.
 - `auto` picks, on a GPU, model.dtype (bfloat16 on a GPU without bf16, pre-Ampere, computes in fp32); on a CPU,
-  bfloat16 where the CPU has AMX (Intel Xeon 4th gen and later: bf16 matmuls 7-8x fp32 on 2 cores, 2x at a decode
-  step's 24 rows; docs/measured.md), float32 where it has not (bf16 matmuls on an AMD EPYC without AMX run ~27x
-  slower than fp32: a 512x576 @ 576x1536 matmul 26 ms fp32, 692 ms bf16).  bfloat16 asked for on a CPU without AMX is
+  bfloat16 where the CPU multiplies bf16 natively, float32 where it does not.  Native: AMX tiles (Intel Xeon 4th gen
+  and later: bf16 matmuls 7-8x fp32 on 2 cores, 2x at a decode step's 24 rows) or AVX-512 BF16 dot products (AMD
+  EPYC Zen 4: 2.1-2.6x fp32, one thread; docs/measured.md).  Without either (an AMD EPYC Zen 2/3) bf16 matmuls run
+  ~27x slower than fp32 (a 512x576 @ 576x1536 matmul 26 ms fp32, 692 ms bf16).  bfloat16 asked for on such a CPU is
   honoured, with a one-line warning of the cost.  The built-in tiny model sets float32 (conf/model/tiny.yaml): its
-  64-wide products gain nothing from AMX, and its tests compare exact values.
+  64-wide products gain nothing, and its tests compare exact values.
 - Compute, DeepSpeed: its own bf16 (fp16) mode where the compute dtype is bf16 (fp16), which casts the module to
   bf16 and keeps the fp32 masters and the optimizer states inside the (ZeRO) optimizer, partitioned with them.
 - Export: a checkpoint's policy/ and critic/ hold model.dtype weights, as the model came.  When that rounds them
@@ -56,13 +57,15 @@ class Precision:
 
 
 @functools.cache
-def cpu_has_amx() -> bool:
-    """Whether this CPU multiplies bf16 matrices in AMX tiles (Linux's `amx_bf16` flag)."""
+def cpu_bf16() -> str | None:
+    """How this CPU multiplies bf16 matrices natively: "AMX" (tiles, Linux's `amx_bf16` flag), "AVX512-BF16"
+    (dot products, `avx512_bf16`), or None (emulated: slow)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return any(line.startswith("flags") and " amx_bf16" in line for line in cpuinfo)
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
     except OSError:
-        return False
+        return None
+    return "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else None
 
 
 def precision_for(dtype: str, device: torch.device, compute: str = "auto") -> Precision:
@@ -72,14 +75,14 @@ def precision_for(dtype: str, device: torch.device, compute: str = "auto") -> Pr
                         "whatever it says, it sets the exported weights (and the compute dtype on GPUs)")
     if compute not in COMPUTE_DTYPES:
         raise UserError(f"model.compute_dtype={compute!r}: choose one of {', '.join(COMPUTE_DTYPES)} (auto: bf16 "
-                        "on a CPU with AMX, model.dtype on a GPU, else float32)")
+                        "on a CPU with native bf16 matmuls, model.dtype on a GPU, else float32)")
     export = DTYPES[dtype]
     if device.type == "cuda":
         wanted = export if compute == "auto" else DTYPES[compute]
         if wanted == torch.bfloat16 and not torch.cuda.is_bf16_supported():
             wanted = MASTER  # pre-Ampere GPUs emulate bf16 slowly: compute in fp32, still export bf16
     elif compute == "auto":
-        wanted = torch.bfloat16 if device.type == "cpu" and cpu_has_amx() else MASTER
+        wanted = torch.bfloat16 if device.type == "cpu" and cpu_bf16() else MASTER
     else:
         wanted = DTYPES[compute]
         if wanted == torch.float16 and device.type == "cpu":
@@ -95,11 +98,11 @@ def model_precision(cfg, device: torch.device) -> Precision:
 
 def describe(precision: Precision, device: torch.device) -> tuple[str, bool]:
     """(the compute in one line, e.g. `compute: bfloat16 (AMX) on cpu, float32 masters, exported in float32`,
-    whether it is a costly choice: bf16 on a CPU without AMX)."""
-    costly = device.type == "cpu" and precision.compute == torch.bfloat16 and not cpu_has_amx()
+    whether it is a costly choice: bf16 on a CPU without native bf16 matmuls)."""
+    costly = device.type == "cpu" and precision.compute == torch.bfloat16 and not cpu_bf16()
     why = ""
     if device.type == "cpu":
-        why = " (AMX)" if cpu_has_amx() else " (no AMX)"
+        why = f" ({cpu_bf16() or 'no native bf16'})"
     if costly:
         why += ": bf16 matmuls run ~27x slower than fp32 on such CPUs; model.compute_dtype=auto computes in fp32"
     line = (f"compute: {dtype_name(precision.compute or MASTER)}{why} on {device.type}, float32 masters, "

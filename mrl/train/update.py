@@ -323,6 +323,7 @@ def value_forward(critic, batch: Rollouts) -> Tensor:
     values = critic(batch.input_ids, attention_mask, position_ids(attention_mask))
     return values[:, batch.prompt_ids.shape[1] - 1:-1].float()
 
+
 def precision_logprob_gap(actor: Trainable, batch: Rollouts, algo: AlgoSettings) -> dict[str, float]:
     """perf/precision_logprob_gap (the mean) and perf/precision_logprob_gap_max: |log-prob in the compute dtype -
     log-prob in float32| per generated token of `batch`, under the policy as it is now: what bf16 compute changes
