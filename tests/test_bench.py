@@ -101,7 +101,17 @@ def test_the_output_layer_bench_runs_each_way_on_the_same_numbers():
     for run in runs[1:]:
         for key in ("loss", "grad_hidden", "grad_weight"):
             assert run[key] == pytest.approx(runs[0][key], rel=1e-5, abs=1e-7), (run["way"], key)
-    assert runs[0]["grad_weight"] > 0 and all(run["peak_mb"] >= 0 for run in runs)
+    assert runs[0]["grad_weight"] > 0
+
+
+def test_the_output_layer_bench_reports_the_peak_its_steps_added(monkeypatch):
+    """peak_mb: the process's peak resident set (ru_maxrss, KiB) after the steps less before them, in MiB."""
+    import resource
+
+    bench_head = load("bench_head")
+    peaks = iter([100 * 1024, 612 * 1024])  # KiB before and after the steps
+    monkeypatch.setattr(resource, "getrusage", lambda who: type("Usage", (), {"ru_maxrss": next(peaks)}))
+    assert bench_head.one("linear", hidden_size=8, rows=2, tokens=4, steps=1)["peak_mb"] == 512
 
 
 def test_both_trainers_are_pinned_to_the_same_last_cores():
