@@ -51,8 +51,8 @@ HOLDOUTS = {"cpu": ("id", "ood"), "gpu": ()}  # reported each on its own (bfcl_g
 # docs/reproductions.md ("repro-agent on the generated gym"), not yet run; 312 = both holdouts whole.
 SIZES = {
     "cpu": (["model=smollm2_local"], [],
-            ["sft.steps=10", "sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=1e-4", "sft.max_seq_len=1024",
-             "sft.max_records=40", "trainer.eval_at_start=false"],
+            ["sft.steps=3", "sft.batch_size=4", "sft.micro_batch_size=4", "sft.lr=5e-5", "sft.max_seq_len=1024",
+             "trainer.eval_at_start=false"],
             ["trainer.max_steps=30", "trainer.eval_every=0", "trainer.prompts_per_step=2", "trainer.group_size=4",
              "trainer.micro_batch_size=4", "trainer.lr=1e-5", "trainer.temperature=0.7", "algo.max_gen_batches=2"],
             ["trainer.max_new_tokens=96", "trainer.max_tool_tokens=256"], 312),
