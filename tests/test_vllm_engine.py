@@ -262,7 +262,8 @@ def test_a_weight_sync_changes_the_next_rollout_and_restoring_restores_it(smollm
 
 @needs_vllm
 def test_three_steps_keep_the_engine_on_policy(tmp_path, monkeypatch):
-    """rollout.engine=vllm for 3 GRPO steps at lr 1e-4 (the weights move): the trainer's log-probs of step 3's
+    """rollout.engine=vllm for 3 GRPO steps at lr 1e-4 (48 tokens: room for the calc call and the answer, so rewards
+    differ and the weights move): the trainer's log-probs of step 3's
     rollouts are the sampler's within 1e-3 in fp32.  The same run with the sync turned off (a stale engine) shows a
     gap 10x larger by step 3: the test can tell."""
     from mrl.train.loop import train
@@ -270,11 +271,12 @@ def test_three_steps_keep_the_engine_on_policy(tmp_path, monkeypatch):
     run = ["rollout.engine=vllm", "model=smollm2_local", f"model.name_or_path={SMOLLM2}", "rewards=calc_agent",
            "algo=grpo",
            "trainer.max_steps=3", "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=8",
-           "trainer.max_new_tokens=24", "trainer.lr=1e-4", "trainer.save_every=1000", "trainer.eval_every=0",
+           "trainer.max_new_tokens=48", "trainer.lr=1e-4", "trainer.save_every=1000", "trainer.eval_every=0",
            "logger=none", *FP32]
     train(compose_config(*run, shrink=False), tmp_path / "synced")
     synced = read_metrics(tmp_path / "synced" / METRICS_FILE)
     assert [m["step"] for m in synced] == [1, 2, 3]
+    assert synced[0]["adv/std"] > 0 and synced[1]["adv/std"] > 0  # the rewards differ: the updates move the weights
     assert all(m["rollout/logprob_gap_max"] < 1e-3 for m in synced), [m["rollout/logprob_gap_max"] for m in synced]
     assert synced[-1]["rollout/importance_weight"] == pytest.approx(1.0, abs=1e-3)
     monkeypatch.setattr(rollout.VllmEngine, "sync_weights", lambda self, policy: None)
