@@ -350,6 +350,8 @@ def test_report_draws_held_out_panels_and_their_last_values(eval_runs, monkeypat
     titles = [ax.get_title() for ax in drawn]
     assert titles == ["train: correctness", "train: efficiency", "train: safety", "train: total",
                       "adv/share/correctness", "adv/share/efficiency", "adv/share/safety", "groups/dead_frac",
+                      "adv/conflict_frac", "adv/corr/correctness~efficiency", "adv/corr/correctness~safety",
+                      "adv/corr/efficiency~safety", "groups/dead_sum_live_channel",
                       "constraint/safety/violation_frac", "clip_frac", "entropy",  # the diagnostics logged
                       "held-out: correctness", "held-out: efficiency", "held-out: safety", "held-out: accuracy",
                       "held-out: pass@k"]
