@@ -56,7 +56,7 @@ BAD_VALUES = {
     "logger.backend=tensorboard": ["logger.backend='tensorboard'", "wandb, none"],
     "logger.mode=live": ["logger.mode='live'", "offline, online, disabled"],
     "logger.log_every=0": ["logger.log_every=0", ">= 1"],
-    "rollout.engine=vllm": ["rollout.engine='vllm'", "choose one of hf", "ROLLOUT_ENGINES"],
+    "rollout.engine=sglang": ["rollout.engine='sglang'", "choose one of hf", "ROLLOUT_ENGINES"],
     "algo.advantage=reinforce": ["algo.advantage='reinforce'", "choose one of grpo, gdpo, gae", "ESTIMATORS"],
     "algo.loss_agg=tokenmean": ["algo.loss_agg='tokenmean'", "choose one of seq_mean, token_mean", "AGGREGATIONS"],
     "model.tool_format=json": ["model.tool_format='json'", "choose one of auto, words, chat", "PROTOCOLS"],
