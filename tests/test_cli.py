@@ -67,7 +67,7 @@ def test_help_goes_to_hydra(tmp_path):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("algo=foo", "algo=foo: there is no algo/foo.yaml; choose one of dapo, gdpo"),
+    ("algo=foo", "algo=foo: there is no algo/foo.yaml; choose one of corrgrpo, dapo, gd2po, gd2po_snr, gdpo,"),
     ("trainer.max_steps=abc", "trainer.max_steps"),
     ("trainer.max_stepz=3", "max_stepz"),
     ("algo.loss_agg=tokenmean", "choose one of seq_mean, token_mean"),

@@ -48,6 +48,7 @@ def test_no_environment_is_split_across_folders():
     from mrl.core.config import CONF_DIR
 
     variants = {"agent_triple_binding": "agent_triple",  # agent_triple with an uncomputable share
+                "agent_triple_judged": "agent_triple",  # agent_triple with correctness judged twice (repro-successors)
                 "bfcl_paper": "bfcl"}  # bfcl with the GDPO paper's channels
 
     def load(path):  # a preset over the presets its defaults name

@@ -318,17 +318,16 @@ def test_gradient_checkpointing_reaches_the_adapters():
 
 def test_a_half_precision_device_loads_the_frozen_base_in_half(monkeypatch):
     """On a GPU with model.dtype=bfloat16 (emulated on CPU here), only the adapters need float32 masters."""
-    import mrl.modeling.lora
-    import mrl.modeling.models
+    import mrl.modeling.precision
     import mrl.modeling.trainable
     from mrl.modeling.precision import DTYPES, Precision
     from mrl.modeling.trainable import Trainable
 
-    def gpu_like(dtype: str, device: torch.device) -> Precision:
+    def gpu_like(dtype: str, device: torch.device, compute: str = "auto") -> Precision:
         wanted = DTYPES[dtype]
         return Precision(compute=None if wanted == torch.float32 else wanted, export=wanted)
 
-    for module in (mrl.modeling.trainable, mrl.modeling.lora, mrl.modeling.models):
+    for module in (mrl.modeling.trainable, mrl.modeling.precision):
         monkeypatch.setattr(module, "precision_for", gpu_like)
     cfg = compose_config("model.dtype=bfloat16", "model.lora.r=4")
     policy = load_policy(cfg.model, resolve_model_path(cfg.model), CPU)

@@ -89,7 +89,7 @@ def test_a_mean_per_trainer_with_its_band_and_a_curve_per_run_coloured_by_algo_a
     assert [se for se, _ in mean.customdata] == [0.5] * 6  # two seeds 1 apart: SE = 1 / 2
     assert list(upper.y) == list(seed1.y) and list(lower.y) == list(seed0.y) and lower.fill == "tonexty"
     assert all(part in seed1.hovertemplate for part in ("grpo/seed1", "step %{x}", "raw"))
-    assert (seed0.opacity, seed1.opacity, mean.opacity) == (0.45, 0.45, 1.0)  # the runs faint under the mean
+    assert (seed0.opacity, seed1.opacity, mean.opacity) == (0.45, 0.45, None)  # the runs faint under the mean
     held = [t for t in fig.data if t.name == "gdpo/seed0" and "eval/accuracy" in (t.hovertemplate or "")]
     assert list(held[0].x) == [0, 3, 6] and list(held[0].y) == [0.0, 0.25, 0.5]  # unsmoothed
     style = {t.name: (t.line.color, t.line.dash) for t in fig.data if t.showlegend}

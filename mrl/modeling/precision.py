@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from mrl.core import distributed
 from mrl.core.config import UserError
 
 MASTER = torch.float32
@@ -117,8 +118,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 @functools.cache
 def announce(precision: Precision, device: torch.device) -> None:
     """Say `describe`'s line once per process (at its first model's load; rank 0 alone): a warning when costly."""
-    from mrl.core import distributed
-
     line, costly = describe(precision, device)
     if distributed.is_main():
         print(f"mrl: {'warning: ' if costly else ''}{line}", file=sys.stderr, flush=True)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import replace
 
+from mrl.repro import paper_bfcl, warm
 from mrl.repro.common import (
     REPORTS,
     jobs,
@@ -83,10 +85,6 @@ def overall_word(verdicts: list[str]) -> str:
 
 def bfcl_plan():
     """repro-paper's BFCL plan (warm start, sizes, rewards) with the successors' arms, rooted in reports/successors."""
-    from dataclasses import replace
-
-    from mrl.repro import paper_bfcl, warm
-
     base = paper_bfcl.plan()
     return replace(base, root=REPORTS / NAME / "bfcl" / "runs",
                    sweeps=tuple(warm.Sweep(f"arms_{arm}", (f"algo={arm}", f"trainer.seed={paper_bfcl.SEEDS}"))
@@ -96,8 +94,6 @@ def bfcl_plan():
 def run_bfcl() -> None:
     """SETTINGS=bfcl: the warm start (reused when intact), every arm x seed, the paired verdicts on held-out
     correctness (mean@k) into reports/successors/bfcl/summary.md."""
-    from mrl.repro import paper_bfcl, warm
-
     the_plan, start = bfcl_plan(), time.perf_counter()
     warm.ensure_warm_start(the_plan)
     runs = warm.run_sweeps(the_plan, keep_checkpoints=the_plan.thinking)
