@@ -244,7 +244,8 @@ def test_a_resume_rereads_the_saved_overrides_and_refuses_only_a_contradiction(t
 @pytest.mark.parametrize("arg, message", [
     ("reward=agent_triple", "reward=agent_triple: there is no config group or key 'reward'; did you mean "
                             "rewards=agent_triple? (a new key: +reward=agent_triple)"),
-    ("algo=gdop", "algo=gdop: there is no algo/gdop.yaml; did you mean algo=gdpo? choose one of corrgrpo, dapo, gd2po, gd2po_snr, gdpo, "),
+    ("algo=gdop", "algo=gdop: there is no algo/gdop.yaml; did you mean algo=gdpo? choose one of corrgrpo, dapo, "
+                  "gd2po, gd2po_snr, gdpo, "),
     ("algo=grpo,gdpp", "algo=gdpp: there is no algo/gdpp.yaml; did you mean algo=gdpo?"),
 ])
 def test_a_misspelt_group_or_choice_names_the_nearest(arg, message):
