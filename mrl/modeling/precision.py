@@ -46,8 +46,6 @@ from mrl.core.config import UserError
 
 MASTER = torch.float32
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 COMPUTE_DTYPES = ("auto", *DTYPES)
 
 
@@ -88,7 +86,7 @@ def precision_for(dtype: str, device: torch.device, compute: str = "auto") -> Pr
         wanted = DTYPES[compute]
         if wanted == torch.float16 and device.type == "cpu":
             raise UserError("model.compute_dtype=float16 on a CPU: CPUs have no fast float16 matmuls; use bfloat16 "
-                            "(on a CPU with AMX) or float32")
+                            "(fast on a CPU with AMX or AVX-512 BF16) or float32")
     return Precision(compute=None if wanted == MASTER else wanted, export=export)
 
 
