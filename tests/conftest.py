@@ -103,6 +103,18 @@ def make_cfg():
     return compose_config
 
 
+def assert_one_line_validation_error(overrides: list[str], named: list[str]) -> None:
+    """`validate` refuses the composed `overrides` with one line (a UserError) that contains every part of `named`."""
+    from mrl.core.config import UserError
+    from mrl.train.validation import validate
+
+    with pytest.raises(UserError) as err:
+        validate(compose_config(*overrides))
+    assert "\n" not in str(err.value)
+    for part in named:
+        assert part in str(err.value)
+
+
 # The default config's tiny model and tokenizer, loaded once per test module.
 @pytest.fixture(scope="module")
 def cfg(_isolated_env):

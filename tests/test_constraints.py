@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_one_line_validation_error
 from torch.testing import assert_close
 
 from mrl.algo.advantages import (
@@ -20,7 +21,6 @@ from mrl.algo.advantages import (
     live_groups,
     mean_cost,
 )
-from mrl.core.config import UserError
 from mrl.rewards.channels import ChannelSpec, RewardSet
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.train.loop import train
@@ -146,14 +146,8 @@ def test_a_group_where_only_the_priced_cost_varies_is_live_while_the_price_is_po
     ([*BUDGET, "rewards.channels.safety.lambda_lr=0"], ["safety.lambda_lr=0", "> 0"]),
     ([*BUDGET, "rewards.channels.safety.lambda_init=20"], ["safety.lambda_init=20", "lambda_max"]),
 ])
-def test_bad_budget_settings_fail_in_one_line_naming_the_key(overrides, named, make_cfg):
-    from mrl.train.validation import validate
-
-    with pytest.raises(UserError) as err:
-        validate(make_cfg("algo=gdpo", *overrides))
-    assert "\n" not in str(err.value)
-    for part in named:
-        assert part in str(err.value)
+def test_bad_budget_settings_fail_in_one_line_naming_the_key(overrides, named):
+    assert_one_line_validation_error(["algo=gdpo", *overrides], named)
 
 
 def test_the_price_is_logged_and_restored_exactly_on_resume(make_cfg, tmp_path):

@@ -11,10 +11,11 @@ import random
 
 import pytest
 import torch
+from conftest import assert_one_line_validation_error
 
 from mrl.algo.advantages import dual_step
 from mrl.algo.prices import PidGains, PidState, absolute_gains, pid_step
-from mrl.core.config import PID_DEFAULTS, UserError
+from mrl.core.config import PID_DEFAULTS
 from mrl.rewards.channels import ChannelSpec, RewardSet, build_reward_set
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.train.loop import train
@@ -185,14 +186,8 @@ def test_kp_and_kd_zero_through_the_config_is_the_integral_run_at_a_binary_budge
     ([*PID, f"{SAFETY}.budget=0.05", f"{SAFETY}.price.delay=0"], ["price.delay=0", ">= 1"]),
     ([f"{SAFETY}.price.kind=pid"], ["price prices a budget", "enforce=budget"]),
 ])
-def test_bad_price_settings_fail_in_one_line_naming_the_key(overrides, named, make_cfg):
-    from mrl.train.validation import validate
-
-    with pytest.raises(UserError) as err:
-        validate(make_cfg("algo=gdpo", *overrides))
-    assert "\n" not in str(err.value)
-    for part in named:
-        assert part in str(err.value)
+def test_bad_price_settings_fail_in_one_line_naming_the_key(overrides, named):
+    assert_one_line_validation_error(["algo=gdpo", *overrides], named)
 
 
 def test_the_controller_is_checkpointed_and_restored_exactly_on_resume(make_cfg, tmp_path):
