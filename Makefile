@@ -70,12 +70,17 @@ SEEDS ?= 0,1
 JOBS ?= 1
 
 # glibc's malloc settings of train-real (below), for every SmolLM2 target.
-SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent
+SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent repro-precision
 $(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
 $(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
 
 train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python, 2 seeds: base -> SFT (10 steps) -> GDPO (40 steps), SFT alone for RL's time beside it; RL's gain with a paired interval (CPU, docs/reproductions.md)
 	SEEDS=$(SEEDS) JOBS=$(JOBS) $(BIN)/python -m mrl.repro.train_bfcl
+
+# train-bfcl's RL stage in bf16 and in fp32 from one fp32 warm start per seed, the two arms of a seed side by side
+# (JOBS=2, a thread each): held-out correctness mean@4 paired, and the step times (mrl/repro/precision_bfcl.py).
+repro-precision: $(SMOLLM2)/model.safetensors ## bf16 vs fp32 compute: train-bfcl's RL stage from one warm start, 2 seeds, paired held-out verdict and step times side by side (~45 min on 2 cores)
+	SEEDS=$(SEEDS) JOBS=2 $(BIN)/python -m mrl.repro.precision_bfcl
 
 # The same two stages on the BFCL multi-turn gym: base entries of at most 2 user turns, only the functions the ground
 # truth calls declared (short prompts for a CPU); SFT on whole transcripts (calls, their real results, the user's next

@@ -19,15 +19,15 @@ it).  The peak of a phase is the largest over the steps.  Phases:
 - update: the policy forward, the loss, backward and the optimizer step.
 Prints the peaks, the step's peak (the largest phase) and mrl / TRL.
 
-    python scripts/bench_memory.py --lengths 1024,2048,4096,8128 [--threads 2]
+    python scripts/bench_memory.py --lengths 1024,2048,4096,8128 [--threads 2] [--compute-dtype float32]
 
 The other mode (`make bench-memory-long`): peak memory of mrl's update against the completion's length, on
 SmolLM2-135M-Instruct (models/smollm2-135m-instruct, `make smollm2`) as `mrl train model=smollm2_local` loads it
-(fp32 master weights, AdamW, the compute dtype its `auto` picks).  Per length L one process builds the actor, then
-runs one update (`mrl.train.update.update`: the forward, the GRPO loss, backward and the optimizer step) on 1 prompt
-of 64 tokens x 2 rollouts of L random completion tokens, advantages +1 and -1.  Prints each process's peak RSS
-(VmHWM), the update's own peak (the high-water mark reset before it) and its time, and the update's peak less the
-model's (setup's) over L: what each completion token costs.
+(fp32 master weights, AdamW, the compute dtype its `auto` picks, or `--compute-dtype`).  Per length L one process
+builds the actor, then runs one update (`mrl.train.update.update`: the forward, the GRPO loss, backward and the
+optimizer step) on 1 prompt of 64 tokens x 2 rollouts of L random completion tokens, advantages +1 and -1.
+Prints each process's peak RSS (VmHWM), the update's own peak (the high-water mark reset before it) and its time,
+and the update's peak less the model's (setup's) over L: what each completion token costs.
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 LENGTH_PROMPT = 64
 
 
-def length_worker(length: int, threads: int) -> None:
+def length_worker(length: int, threads: int, compute_dtype: str) -> None:
     """One update of 1 prompt x 2 rollouts of `length` completion tokens on SmolLM2; reports the peaks (MB)."""
     import time
 
@@ -212,7 +212,8 @@ def length_worker(length: int, threads: int) -> None:
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["model=smollm2_local", "algo=grpo", "trainer.group_size=2",
                                           "trainer.prompts_per_step=1", "trainer.micro_batch_size=2",
-                                          f"trainer.max_new_tokens={length}", "logger=none"])
+                                          f"trainer.max_new_tokens={length}", "logger=none",
+                                          f"model.compute_dtype={compute_dtype}"])
     device = torch.device("cpu")
     _, actor, _, _ = build_models(cfg, ESTIMATORS.choose(cfg.algo.advantage), device)
     generator = torch.Generator().manual_seed(length)
@@ -243,21 +244,22 @@ def lengths_table(results: dict[int, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_lengths(lengths: list[int], threads: int) -> None:
+def run_lengths(lengths: list[int], threads: int, compute_dtype: str) -> None:
     directory = bench.ROOT / "models" / "smollm2-135m-instruct"
     if not (directory / "model.safetensors").exists():
         raise SystemExit(f"{directory} is not built: make smollm2")
     logs = bench.ROOT / "outputs" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
-    print(f"SmolLM2-135M-Instruct: one update, 1 prompt ({LENGTH_PROMPT} tokens) x 2 rollouts, {threads} threads; "
+    print(f"SmolLM2-135M-Instruct: one update, 1 prompt ({LENGTH_PROMPT} tokens) x 2 rollouts, {threads} threads, "
+          f"compute {compute_dtype}; "
           f"load average {bench.load_average()} ({os.cpu_count()} cores)", flush=True)
     results: dict[int, dict[str, Any]] = {}
     for length in lengths:
-        log = logs / f"memory-length-{length}.log"
+        log = logs / f"memory-length-{length}-{compute_dtype}.log"
         with open(log, "w") as stderr:
             done = subprocess.run([sys.executable, __file__, "--length-worker", str(length), "--threads",
-                                   str(threads)], cwd=bench.ROOT, text=True, stdout=subprocess.PIPE, stderr=stderr,
-                                  env=bench.worker_env(threads))
+                                   str(threads), "--compute-dtype", compute_dtype], cwd=bench.ROOT, text=True,
+                                  stdout=subprocess.PIPE, stderr=stderr, env=bench.worker_env(threads))
         reports = [json.loads(line[len(bench.PREFIX):]) for line in done.stdout.splitlines()
                    if line.startswith(bench.PREFIX)]
         if not reports:
@@ -268,7 +270,7 @@ def run_lengths(lengths: list[int], threads: int) -> None:
               f"{results[length]['update_s']:.1f} s", flush=True)
     print(f"load average after: {bench.load_average()}")
     print(lengths_table(results))
-    (logs / "memory-lengths.json").write_text(json.dumps(results, indent=1))
+    (logs / f"memory-lengths-{compute_dtype}.json").write_text(json.dumps(results, indent=1))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -280,12 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--lengths", help="completion lengths, comma-separated: the update's peak memory on SmolLM2 "
                         "at each (the other mode: no TRL)")
+    parser.add_argument("--compute-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="model.compute_dtype of the --lengths mode (auto: bf16 where the CPU has it natively)")
     parser.add_argument("--length-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.length_worker:
-        return length_worker(args.length_worker, args.threads)
+        return length_worker(args.length_worker, args.threads, args.compute_dtype)
     if args.lengths:
-        return run_lengths([int(x) for x in args.lengths.split(",")], args.threads)
+        return run_lengths([int(x) for x in args.lengths.split(",")], args.threads, args.compute_dtype)
     if args.worker:
         return worker(args.worker, args.model_dir, args.steps, args.threads)
     if args.dry_run:
