@@ -99,7 +99,8 @@ def speed_rows(root: Path, seed_list: list[int]) -> list[list[Any]]:
                           if r.get(k) is not None), None) for k in GAPS]
             rows.append([seed, arm, *(f"{m:.2f}" for m in medians[arm]),
                          *("n/a" if g is None else f"{g:.4f}" for g in gaps)])
-        rows.append([seed, "fp32 / bf16", *(f"{f / b:.2f}x" for f, b in zip(*medians.values())), "", ""])
+        ratios = (f"{f / b:.2f}x" for f, b in zip(medians["float32"], medians["bfloat16"]))
+        rows.append([seed, "fp32 / bf16", *ratios, "", ""])
     return rows
 
 
