@@ -145,6 +145,10 @@ bench-step: $(SMOLLM2)/model.safetensors ## One BFCL RL step (issue 45's: 4 x 6 
 	@test -d $(or $(BASE),/tmp/base45) || git worktree add $(or $(BASE),/tmp/base45) 8b63511
 	$(BIN)/python scripts/bench_step.py --base $(or $(BASE),/tmp/base45) $(ARGS)
 
+# vLLM arms run where the extra is installed (make install-vllm), else they are skipped, said in one line.
+bench-rollout: $(SMOLLM2)/model.safetensors ## The rollout engines side by side: mrl's native decoder vs vLLM, fp32 and bf16, at 8, 24 and 64 rows of the BFCL RL step (~5-15 min)
+	$(BIN)/python scripts/bench_rollout.py $(ARGS)
+
 bench-sft: $(SMOLLM2)/model.safetensors ## mrl sft vs TRL's SFTTrainer: one epoch of the same BFCL demonstrations, same ids, mask and batch (~10-20 min)
 	@$(BENCH_DEPS)
 	$(BIN)/python scripts/bench_sft.py $(ARGS)

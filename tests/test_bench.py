@@ -137,3 +137,38 @@ def test_the_base_arm_imports_an_earlier_checkouts_flat_names(tmp_path, monkeypa
     bench.own_module("mrl.train.loop")
     bench.own_module("mrl.core.config")
     assert imported == ["mrl.loop", "mrl.config"]
+
+
+# ---- bench_rollout (make bench-rollout) --------------------------------------------------------------------------
+
+def test_bench_rollouts_middle_shape_is_bench_steps_rollout():
+    bench_rollout = load("bench_rollout")
+    bench_step = sys.modules["bench_step"]
+    assert bench_rollout.SHAPES[24] == (bench_step.P, bench_step.G)
+    assert all(p * g == rows for rows, (p, g) in bench_rollout.SHAPES.items())
+    assert {engine for engine, _ in bench_rollout.ARMS.values()} == {"native", "vllm"}
+
+
+def test_bench_rollouts_table_reads_each_arms_numbers():
+    bench_rollout = load("bench_rollout")
+    row = {"arm": "vllm16", "rows": 24, "start_s": 33.96, "seconds": 3.204, "tokens_per_s": 411.6, "mean_length": 55.04}
+    assert bench_rollout.table([row]).splitlines()[-1] == "| vllm16 | vllm | bfloat16 | 24 | 3.20 | 412 | 55.0 | 34.0 |"
+
+
+@pytest.mark.parametrize("argv", [["--rows", "12"], ["--arms", "trl"], ["--repeats", "0"]])
+def test_bench_rollout_refuses_a_shape_or_arm_it_has_not_in_one_line(argv):
+    bench_rollout = load("bench_rollout")
+    with pytest.raises(SystemExit, match="bench_rollout: .* not among --rows 8,24,64"):
+        bench_rollout.main(argv)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / "models" / "smollm2-135m-instruct" / "config.json").exists(),
+                    reason="run `make smollm2` first")
+def test_bench_rollouts_native_arm_times_a_rollout(capsys):
+    bench_rollout = load("bench_rollout")
+    bench_rollout.worker("native32", [8], 1, 1, ROOT / "models" / "smollm2-135m-instruct")
+    report = json.loads(capsys.readouterr().out.splitlines()[-1][len(bench.PREFIX):])
+    assert report["arm"] == "native32" and report["rows"] == 8 and 0 < report["mean_length"] <= 64
+    assert report["seconds"] > 0 and report["tokens_per_s"] == pytest.approx(report["mean_length"] * 8
+                                                                              / report["seconds"], rel=1e-6)
