@@ -80,6 +80,30 @@ def test_the_readme_links_every_docs_file():
     assert not missing, f"README.md links none of {missing}"
 
 
+def _resolve(dotted: str):
+    """`mrl.a.b.Name` -> the object: the longest prefix that imports as a module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_extension_points_import_where_docs_extending_md_says():
+    """Every dotted `mrl.` name in backticks of docs/extending.md (a module, or a name in one) imports there."""
+    names = sorted(set(re.findall(r"`(mrl(?:\.\w+)+)", (ROOT / "docs" / "extending.md").read_text())))
+    assert {"mrl.algo.advantages.ESTIMATORS", "mrl.generation.rollout.ROLLOUT_ENGINES"} <= set(names)
+    for name in names:
+        assert _resolve(name) is not None, f"docs/extending.md names {name}, which does not import"
+
+
 # --- The `mrl train` commands of the README and docs/ run, shrunk, so they cannot rot.
 
 # Appended to every command that trains: one step of 2 prompts x 2 rollouts, no W&B.
