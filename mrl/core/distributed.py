@@ -84,7 +84,7 @@ def finish(exit_code: int) -> None:
     finalization: gloo groups outlive `destroy_process_group` (DeepSpeed holds them), and a worker of theirs that
     releases a collective's Python tensors late takes the GIL while the interpreter finalizes; CPython ends it with
     pthread_exit, whose unwinding through gloo's noexcept destructor aborts the rank ("terminate called without an
-    active exception", 2 two-rank runs in 40 under load: docs/testing.md).
+    active exception", 2 two-rank runs in 40 under load: reports/journal/testing.md).
 
     - 0 (every rank finished the run: each has made the same collectives): meet in a barrier, destroy the group,
       then `leave(0)`.  A rank that failed after the last collective never reaches the barrier; the launcher stops

@@ -1,7 +1,7 @@
 """The policy and what trains it: loading models and tokenizers, LoRA, precision, the trainable module.
 
-  models.py        load a model and its tokenizer (a preset, an HF dir, a local GGUF conversion)
-  local_models.py  models that ship as files on this machine (the built-in tiny model, SmolLM2 from its GGUF)
+  models.py        load a model and its tokenizer (a preset, an HF dir, the built-in tiny model)
+  local_models.py  model dirs built on this machine without the hub (SmolLM2 from its GGUF, random-init GPU presets)
   precision.py     dtypes and saving a model dir
   trainable.py     the policy (and value head) with its optimizer, plain or under DeepSpeed
   lora.py          LoRA adapters: attach, save, merge

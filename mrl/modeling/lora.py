@@ -10,9 +10,8 @@ How the rest of mrl sees it:
   the base model, computed by the very module that trains (same weights, dtype, autocast and DeepSpeed casting), with
   no second copy in memory.  peft starts B at 0, so the adapted policy equals the base and KL starts at exactly 0.
 - Checkpoints (mrl/runs/checkpoint.py): policy/ is a peft adapter directory (adapter_model.safetensors in model.dtype
-and
-  adapter_config.json, whose base_model_name_or_path points at the base model) plus the tokenizer; optimizer.pt or
-  deepspeed/ hold the trained parameters' state only (Trainable leaves frozen weights out).  A resume loads the base
+  and adapter_config.json, whose base_model_name_or_path points at the base model) plus the tokenizer; optimizer.pt
+  or deepspeed/ hold the trained parameters' state only (Trainable leaves frozen weights out).  A resume loads the base
   from model.name_or_path again and the adapters from policy/, then the optimizer's state and float32 masters.
 - Inference (`mrl eval`) and `mrl export --merge` (mrl/runs/export.py) merge the adapters into the base
   (`mrl.runs.restore.merged_policy`).

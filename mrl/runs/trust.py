@@ -56,14 +56,17 @@ def _short(err: BaseException) -> str:
     return " ".join(str(err).split())[:160]
 
 
-# Where environments' tasks and channels lived before each got one home in mrl/envs/ (2026-12-03): runs saved
-# then name them so, e.g. mrl.tasks.bfcl.BfclTask, mrl.rewards.bfcl.Format, mrl.benchmarks.humaneval.HumanEvalTask.
-OLD_HOMES = ("mrl.tasks.", "mrl.rewards.", "mrl.benchmarks.")
+# The one table of old names a run dir's saved config may hold: where environments' tasks and channels lived before
+# each got one home in mrl/envs/ (2026-12-03), e.g. mrl.tasks.bfcl.BfclTask, mrl.rewards.bfcl.Format,
+# mrl.benchmarks.humaneval.HumanEvalTask.  The packages by layer (2026-12-06) renamed no `_target_` a config.yaml
+# holds (the Hydra callbacks they renamed are in hydra.yaml, which `mrl eval` and `mrl export` do not build from);
+# nothing else in mrl resolves an old name.
+OLD_HOMES = {"mrl.tasks.": "mrl.envs.", "mrl.rewards.": "mrl.envs.", "mrl.benchmarks.": "mrl.envs."}
 
 
 def with_moved_targets(node: Any) -> Any:
-    """A config container with every `_target_` that names an environment's old home (OLD_HOMES) renamed to its
-    home in mrl/envs/, where that is one of mrl's own tasks and channels (`allowed_targets`); others unchanged.
+    """A config container with every `_target_` that names an old home (OLD_HOMES) renamed to its home today, where
+    that is one of mrl's own tasks and channels (`allowed_targets`); others unchanged.
 
     >>> with_moved_targets({"task": {"_target_": "mrl.tasks.bfcl.BfclTask", "seed": 0}})
     {'task': {'_target_': 'mrl.envs.bfcl.BfclTask', 'seed': 0}}
@@ -74,10 +77,9 @@ def with_moved_targets(node: Any) -> Any:
         return node
     renamed = {key: with_moved_targets(value) for key, value in node.items()}
     target = renamed.get("_target_")
-    for home in OLD_HOMES:
-        if isinstance(target, str) and target.startswith(home) \
-                and f"mrl.envs.{target[len(home):]}" in allowed_targets():
-            renamed["_target_"] = f"mrl.envs.{target[len(home):]}"
+    for old, home in OLD_HOMES.items():
+        if isinstance(target, str) and target.startswith(old) and home + target[len(old):] in allowed_targets():
+            renamed["_target_"] = home + target[len(old):]
     return renamed
 
 

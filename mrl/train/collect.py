@@ -4,10 +4,9 @@
 channel (`Scored`: the rollouts and their rewards side by side, the rollouts untouched) and shapes the rewards
 (conditions and vetoes: mrl.algo.shaping).  With dynamic sampling (DAPO), groups to which the estimator gives no
 non-zero advantage *after shaping* (what the update trains on; mrl.algo.advantages.live_groups) are dropped and more
-prompts are
-drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.  It returns a `Collected`:
-every round (for the logs), the batch trained on grown to the largest rank's (`lockstep_batch`), its shaped rewards
-and keep mask, and `EveryRank`, the rows of every rank that the batch statistics are computed on.
+prompts are drawn, until B live groups are found or `algo.max_gen_batches` rounds were generated.  It returns a
+`Collected`: every round (for the logs), the batch trained on grown to the largest rank's (`lockstep_batch`), its
+shaped rewards and keep mask, and `EveryRank`, the rows of every rank that the batch statistics are computed on.
 """
 
 from __future__ import annotations
