@@ -20,7 +20,8 @@ from mrl.generation.decoder import DecodeRequest, SharedPrefixKV, inverse_cdf
 from mrl.generation.rollout import Rollouts, Sampling, native_decode, prompt_cache
 from mrl.modeling import heap, models
 from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
-from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
+from mrl.train.batch import StepBatch
+from mrl.train.update import micro_batches, policy_forward, update
 
 G, T = 3, 5
 PROMPT_LENGTHS = [4, 2, 3]  # per group, in a prompt width of 5: one column every row pads
@@ -88,7 +89,7 @@ def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, 
     with torch.no_grad():
         padded = unshared(actor, batch)  # [N, T]
     old = padded - torch.linspace(-0.3, 0.3, 9 * T, dtype=dtype).view(9, T)  # ratios 0.74 .. 1.35: clips too
-    updates = UpdateBatch(batch, mask, advantages, old_logprobs=old)
+    updates = StepBatch(batch, loss_mask=mask, advantages=advantages, old_logprobs=old)
     with torch.no_grad():
         for rows in micro_batches(torch.randperm(9), micro, G):
             part = updates.take(rows)
@@ -228,7 +229,8 @@ def test_the_bfcl_steps_update_runs_each_prompt_once(tiny):
         torch.manual_seed(seed)
         passes.clear()
         lookups.clear()
-        update(algo_settings(cfg), GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
+        update(algo_settings(cfg), GradCapture(actor), None, StepBatch(batch, loss_mask=mask,
+                                                                     advantages=torch.ones_like(mask)))
         assert len(passes) == 2 and sum(passes) == 4  # two micro-batches of two groups each: 4 distinct prompts
         assert len(lookups) == 2
 
