@@ -19,7 +19,15 @@ from mrl.generation import decoder as decoder_module
 from mrl.generation.decoder import DecodeRequest, SharedPrefixKV, inverse_cdf
 from mrl.generation.rollout import Rollouts, Sampling, native_decode, prompt_cache
 from mrl.modeling import heap, models
-from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
+from mrl.modeling.models import (
+    BUCKET_COST,
+    Actor,
+    length_buckets,
+    load_causal_lm,
+    position_ids,
+    reference_logprobs,
+    resolve_model_path,
+)
 from mrl.train.batch import StepBatch
 from mrl.train.update import micro_batches, policy_forward, update
 
@@ -66,6 +74,39 @@ def unshared(actor: Actor, batch: Rollouts) -> torch.Tensor:
 
 def relative_gap(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("bucket_cost", [BUCKET_COST, 0])
+def test_the_optimised_scoring_is_the_plain_reference(tiny, dtype, tolerance, bucket_cost, monkeypatch, request):
+    """policy_forward (Actor.forward: each group's prompt run once, length buckets, one lookup, the chunked output
+    layer on the generated tokens alone) against reference_logprobs (one padded forward, every prompt its own, the
+    full logits): 3 groups x 3 rows, prompts of 4, 2 and 3 tokens in 5 columns, completions ending early and one at
+    the limit, at two temperatures: the same log-probs at every token (0 where not generated; float64: within
+    1e-12), and in float64 the same gradient of every parameter (within 2e-7, as where a micro-batch shares several
+    prompts' passes below).  With a bucket costing nothing, every completion length is its own bucket."""
+    monkeypatch.setattr(models, "BUCKET_COST", bucket_cost)
+    tails = decoder_calls(tiny, request, cached=True)
+    model = tiny.to(dtype)
+    try:
+        batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
+        weights = torch.linspace(-1.0, 2.0, 9 * T, dtype=dtype).view(9, T)
+        for temperature in (1.0, 0.7):
+            got = policy_forward(Actor(model), batch, temperature)[0]  # [N, T]
+            (got * weights).sum().backward()
+            optimised = {name: param.grad.clone() for name, param in model.named_parameters()}
+            model.zero_grad(set_to_none=True)
+            expected = reference_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_ids,
+                                          batch.completion_mask, temperature)
+            (expected * weights).sum().backward()
+            assert relative_gap(got, expected) <= tolerance
+            if dtype == torch.float64:
+                for name, param in model.named_parameters():
+                    assert relative_gap(optimised[name], param.grad) <= 2e-7, name  # several prompts' passes
+            model.zero_grad(set_to_none=True)
+        assert tails and (len(tails) == 4 * 2) == (bucket_cost == 0)  # the optimised path ran: 4 lengths, 2 passes
+    finally:
+        model.float()
 
 
 @pytest.mark.parametrize("dtype,micro,tolerance,bucket_cost", [
