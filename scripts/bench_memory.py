@@ -204,8 +204,9 @@ def length_worker(length: int, threads: int, compute_dtype: str) -> None:
     from mrl.algo.advantages import ESTIMATORS
     from mrl.core.config import CONF_DIR
     from mrl.generation.rollout import Rollouts, Sampling
+    from mrl.train.batch import StepBatch
     from mrl.train.loop import build_models
-    from mrl.train.update import AlgoSettings, UpdateBatch, update
+    from mrl.train.update import AlgoSettings, update
 
     torch.set_num_threads(threads)
     meter = PhasePeaks()
@@ -222,7 +223,8 @@ def length_worker(length: int, threads: int, compute_dtype: str) -> None:
     completion = torch.randint(vocab, (2, length), generator=generator)  # [2, L]
     ones = torch.ones_like(completion)
     rollouts = Rollouts(prompt.clone(), torch.ones_like(prompt), completion, ones, ones, [None, None], 2)
-    batch = UpdateBatch(rollouts, ones.float(), torch.tensor([[1.0], [-1.0]]).expand(2, length).clone())
+    batch = StepBatch(rollouts, loss_mask=ones.float(),
+                      advantages=torch.tensor([[1.0], [-1.0]]).expand(2, length).clone())
     algo = AlgoSettings.of(cfg, Sampling.of(cfg.trainer))
     meter.enter("update")
     start = time.perf_counter()

@@ -12,11 +12,18 @@ mrl.train.loop.start_run and the step-0 evaluation; the step: mrl.train.loop.tra
 files entered in order, the stays (runs of consecutive reads in one file), the files and the returns (stays in a file
 already left: stays - files), and the step's reads one by one.  A run built once from `cfg` reads it at the door
 (checking, building), never in the step.
+
+    python scripts/cfg_walk.py --calls 2            # also: the step's walk through mrl's code, to call depth 2
+
+`--calls D` records too every call of a function of mrl made during `train_step`, and prints its walk to each depth
+d <= D below it (1: the functions train_step calls) as the reads' are printed: the files, the stays, the switches
+(moves from one file to another: stays - 1) and the returns: what a reader opens following one step.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import tempfile
 import threading
@@ -39,21 +46,27 @@ class Read:
 
 
 class Recorder:
-    """The profiler: a call into OmegaConf or Hydra from outside them whose first argument is a config node."""
+    """The profiler: a call into OmegaConf or Hydra from outside them whose first argument is a config node; and
+    the step's calls of mrl's functions (`calls`: (file, function, depth below train_step))."""
 
     def __init__(self):
         from omegaconf import Container
 
         self.container, self.reads, self.parts = Container, [], ["build"]
+        self.calls: list[Read] = []  # key: the call's depth below train_step
+        self.depth, self.resumed = 0, set()
 
     def __call__(self, frame, event, arg) -> None:
         code = frame.f_code
-        if code.co_name in PARTS and code.co_filename.startswith(str(ROOT / "mrl")) and event in ("call", "return"):
+        in_mrl = code.co_filename.startswith(str(ROOT / "mrl"))
+        if code.co_name in PARTS and in_mrl and event in ("call", "return"):
             if event == "call":
                 self.parts.append(PARTS[code.co_name])
             else:
                 self.parts.pop()
             return
+        if in_mrl and self.parts[-1] == "step" and event in ("call", "return"):
+            self.step_call(frame, event)
         if event != "call" or not any(lib in code.co_filename for lib in LIBRARIES):
             return
         caller = frame.f_back
@@ -70,6 +83,19 @@ class Recorder:
         path = node_path(args[0])
         self.reads.append(Read(relative(caller.f_code.co_filename), caller.f_code.co_qualname,
                                f"{path}.{key}" if path else str(key), self.parts[-1]))
+
+
+    def step_call(self, frame, event: str) -> None:
+        """A call into (or a return from) mrl's code in the step; a generator's resumption is not a new call."""
+        if event == "return":
+            self.depth -= 1
+            return
+        self.depth += 1
+        if frame.f_code.co_flags & inspect.CO_GENERATOR or frame.f_code.co_flags & inspect.CO_COROUTINE:
+            if id(frame) in self.resumed:
+                return
+            self.resumed.add(id(frame))
+        self.calls.append(Read(relative(frame.f_code.co_filename), frame.f_code.co_qualname, str(self.depth), "step"))
 
 
 def node_path(node) -> str:
@@ -98,9 +124,10 @@ def walk(reads: list[Read]) -> tuple[list[str], int]:
     return stays, len(set(stays))
 
 
-def summary(title: str, reads: list[Read], every: bool) -> None:
+def summary(title: str, reads: list[Read], every: bool, what: str = "reads") -> None:
     stays, files = walk(reads)
-    print(f"{title}: {len(reads)} reads, {len(stays)} stays, {files} files, {len(stays) - files} returns")
+    print(f"{title}: {len(reads)} {what}, {len(stays)} stays, {files} files, {max(len(stays) - 1, 0)} switches, "
+          f"{len(stays) - files} returns")
     entered: dict[str, int] = {}
     for file in stays:
         entered[file] = entered.get(file, 0) + 1
@@ -117,6 +144,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides after the small one-step run's")
     parser.add_argument("--reads", action="store_true", help="list every read of the whole run, not only the step's")
+    parser.add_argument("--calls", type=int, default=0, metavar="D",
+                        help="also the step's walks through mrl's functions, to 1 .. D calls below train_step")
     args = parser.parse_args()
     from hydra import compose, initialize_config_dir
 
@@ -140,6 +169,9 @@ def main() -> int:
                         ("step", "the step (mrl.train.loop.train_step)")):
         summary(title, [r for r in recorder.reads if r.part == part], every=part == "step")
     summary("the whole run (mrl.train.loop.train)", recorder.reads, every=args.reads)
+    for depth in range(1, args.calls + 1):
+        calls = [c for c in recorder.calls if int(c.key) <= depth]
+        summary(f"the step's calls of mrl's functions, to depth {depth}", calls, every=args.reads, what="calls")
     return 0
 
 

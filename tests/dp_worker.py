@@ -75,9 +75,10 @@ def grads(out: str, stage: int) -> None:
     from mrl.envs.task import build_task, episode_protocol
     from mrl.generation.rollout import InProcessEngine, Sampling
     from mrl.rewards.channels import build_reward_set
-    from mrl.train.collect import CollectSettings, collect, lockstep_batch
+    from mrl.train.batch import StepBatch, lockstep
+    from mrl.train.collect import CollectSettings, collect
     from mrl.train.loop import build_models, seed_everything
-    from mrl.train.update import AlgoSettings, UpdateBatch, update
+    from mrl.train.update import AlgoSettings, update
 
     results = {}
     for agg in ("token_mean", "seq_mean"):
@@ -101,17 +102,18 @@ def grads(out: str, stage: int) -> None:
         settings = CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator)
         full = collect(settings, task, engine, actor.whole, tokenizer, reward_set, {"step": 0, "prompt_position": 0})
         os.environ.update(WORLD_SIZE=str(world), RANK=rank)
-        batch = full.batch
+        batch = full.rollouts
         generator = torch.Generator().manual_seed(2)
         advantages = torch.randn(8, 1, generator=generator) * batch.completion_mask.float()  # [8, T]
         rows = {1: [list(range(8))], 2: [[0, 1, 2, 3, 4], [5, 6, 7]]}[world][dist.rank()]
         mine = batch.take(torch.tensor(rows))
-        local = lockstep_batch(mine, mine, tokenizer.pad_token_id)
+        local = lockstep(StepBatch(mine), tokenizer.pad_token_id).rollouts
         mask = local.completion_mask.float()
         keep = dist.pad_to(torch.ones(len(rows)), (mask.shape[0],))
         adv = dist.pad_to(advantages[rows][:, :mine.completion_ids.shape[1]], mask.shape)
         torch.manual_seed(3)  # the mini-batch permutation
-        sums, _ = update(AlgoSettings.of(cfg, sampling), actor, None, UpdateBatch(local, mask * keep[:, None], adv))
+        sums, _ = update(AlgoSettings.of(cfg, sampling), actor, None, StepBatch(local, loss_mask=mask * keep[:, None],
+                                                                                 advantages=adv))
         sums = dist.mean_over_ranks(sums)
         with actor.whole():
             weights = {k: v.detach().float() for k, v in actor.module.state_dict().items()}

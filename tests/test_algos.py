@@ -16,8 +16,9 @@ from mrl.core.config import UserError
 from mrl.core.episode import Episode, Prompt
 from mrl.generation.rollout import Rollouts, Sampling
 from mrl.rewards.channels import build_reward_set
+from mrl.train.batch import StepBatch
 from mrl.train.loop import build_models
-from mrl.train.update import UpdateBatch, score_rollouts, update
+from mrl.train.update import batch_logprobs, update
 from mrl.train.validation import validate
 
 CPU = torch.device("cpu")
@@ -39,7 +40,7 @@ def hand_batch(tokenizer) -> Rollouts:
 
 
 def sequence_logprobs(actor, batch, temperature) -> torch.Tensor:
-    logprobs = score_rollouts(actor, None, None, batch, 8, temperature).old_logprobs  # [N, T]
+    logprobs = batch_logprobs(actor, None, None, batch, 8, temperature)[0]  # [N, T]
     return (logprobs * batch.completion_mask).sum(-1)  # [N]
 
 
@@ -54,8 +55,7 @@ def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg)
     batch = hand_batch(tokenizer)
     shaped, keep, _ = reward_set.shape(torch.cat([HAND_REWARDS, torch.zeros(1, 4, extra)], -1))
     mask = batch.completion_mask.float()
-    scores = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature)
-    old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
+    old, ref, values = batch_logprobs(actor, reference, critic, batch, 8, cfg.trainer.temperature)
     advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
     loss_mask = mask * keep.reshape(-1, 1)
     sequence_adv = (advantages * mask).sum(-1) / mask.sum(-1)  # [4]
@@ -64,7 +64,9 @@ def test_one_update_raises_the_best_rollout_and_lowers_the_worst(algo, make_cfg)
     assert 0 in best and 3 in worst, sequence_adv  # the hand ranking survives every estimator and shaping
 
     before = sequence_logprobs(actor, batch, cfg.trainer.temperature)
-    update(algo_settings(cfg), actor, critic, UpdateBatch(batch, loss_mask, advantages, returns, old, ref, values))
+    update(algo_settings(cfg), actor, critic, StepBatch(batch, loss_mask=loss_mask, advantages=advantages,
+                                                          returns=returns, old_logprobs=old, ref_logprobs=ref,
+                                                          old_values=values))
     moved = sequence_logprobs(actor, batch, cfg.trainer.temperature) - before
     assert all(moved[i] > 0 for i in best), (moved, sequence_adv)
     assert all(moved[i] < 0 for i in worst), (moved, sequence_adv)
@@ -126,12 +128,13 @@ def test_the_critic_trains_in_train_mode(make_cfg):
     critic.module.backbone.register_forward_pre_hook(lambda module, args: modes.append(module.training))
     batch = hand_batch(tokenizer)
     mask = batch.completion_mask.float()
-    scores = score_rollouts(actor, reference, critic, batch, 8, 1.0)
-    old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
+    old, ref, values = batch_logprobs(actor, reference, critic, batch, 8, 1.0)
     assert modes == [False]  # scoring: eval mode
     advantages, returns = ESTIMATORS["gae"].token_advantages(HAND_REWARDS, torch.ones(3), mask, values, None,
                                                              cfg.algo)
-    update(algo_settings(cfg), actor, critic, UpdateBatch(batch, mask, advantages, returns, old, ref, values))
+    update(algo_settings(cfg), actor, critic, StepBatch(batch, loss_mask=mask, advantages=advantages,
+                                                          returns=returns, old_logprobs=old, ref_logprobs=ref,
+                                                          old_values=values))
     assert modes[1:] and all(modes[1:])  # the update: train mode (gradient checkpointing only acts there)
 
 
@@ -185,11 +188,11 @@ def test_dynamic_sampling_tests_liveness_on_the_shaped_rewards(make_cfg):
     torch.manual_seed(0)
     raw_live = collect(settings, task, engine, actor.whole, tokenizer, RewardSet([wrong, cost]),
                        {"prompt_position": 0})
-    assert raw_live.num_live == 2 and not raw_live.skip_update  # lengths vary: live without the condition
+    assert raw_live.live_groups == 2 and not raw_live.skip_update  # lengths vary: live without the condition
     torch.manual_seed(0)
     shaped_dead = collect(settings, task, engine, actor.whole, tokenizer, RewardSet([wrong, gated]),
                           {"prompt_position": 0})
-    assert shaped_dead.num_live == 0 and shaped_dead.skip_update
+    assert shaped_dead.live_groups == 0 and shaped_dead.skip_update
     assert len(shaped_dead.rounds) == 2  # it kept drawing prompts up to max_gen_batches
     assert (shaped_dead.shaped[..., 1] == -9.0).all()
 
@@ -211,11 +214,11 @@ def test_a_single_update_uses_its_own_logprobs_as_old(algo, make_cfg):
         extra = len(reward_set.names) - HAND_REWARDS.shape[-1]
         shaped, keep, _ = reward_set.shape(torch.cat([HAND_REWARDS, torch.zeros(1, 4, extra)], -1))
         mask = batch.completion_mask.float()
-        scores = score_rollouts(actor, reference, critic, batch, 8, cfg.trainer.temperature, policy=old_pass)
-        old, ref, values = scores.old_logprobs, scores.ref_logprobs, scores.values
+        old, ref, values = batch_logprobs(actor, reference, critic, batch, 8, cfg.trainer.temperature, policy=old_pass)
         assert (old is None) == (not old_pass)
         advantages, returns = estimator.token_advantages(shaped, reward_set.weights, mask, values, None, cfg.algo)
-        trained = UpdateBatch(batch, mask * keep.reshape(-1, 1), advantages, returns, old, ref, values)
+        trained = StepBatch(batch, loss_mask=mask * keep.reshape(-1, 1), advantages=advantages, returns=returns,
+                            old_logprobs=old, ref_logprobs=ref, old_values=values)
         update(algo_settings(cfg), actor, critic, trained)
         after.append({n: p.detach().clone() for n, p in actor.module.named_parameters()})
     assert sum((after[0][n] - w).abs().sum() for n, w in before.items()) > 0

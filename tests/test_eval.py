@@ -26,7 +26,7 @@ from mrl.modeling.models import resolve_model_path
 from mrl.runs.report import make_report
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.runs.trust import run_config, with_moved_targets
-from mrl.train.collect import Scored
+from mrl.train.batch import StepBatch
 from mrl.train.evaluate import (
     HeldOut,
     eval_metrics,
@@ -205,14 +205,14 @@ def test_pass_at_k_by_hand():
 NAN = float("nan")
 
 
-def scored(prompts: list[Prompt], rewards: list[list[float]], group_size: int) -> Scored:
+def scored(prompts: list[Prompt], rewards: list[list[float]], group_size: int) -> StepBatch:
     """Rollouts of `prompts` x `group_size` whose episodes and per-channel rewards are all the summary reads."""
     n = len(rewards)
     zeros = torch.zeros(n, 1, dtype=torch.long)
     episodes = [Episode(prompts[i // group_size], f"answer {i}", [], 1, False, 8, [ToolCall("calc", {"x": i})],
                         [f"answer {i}"]) for i in range(n)]
     failed = torch.zeros(n, len(rewards[0]), dtype=torch.bool)
-    return Scored(Rollouts(zeros, zeros, zeros, zeros, zeros, episodes, group_size), torch.tensor(rewards), failed)
+    return StepBatch(Rollouts(zeros, zeros, zeros, zeros, zeros, episodes, group_size), torch.tensor(rewards), failed)
 
 
 @pytest.fixture

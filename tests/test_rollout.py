@@ -138,19 +138,20 @@ def test_concat_pads_completions_to_min_width():
     assert Rollouts.concat([a], pad_id=PAD, min_width=1) is a
 
 
-def test_lockstep_batch_grows_to_the_largest_ranks_rows_and_width(monkeypatch):
+def test_lockstep_grows_to_the_largest_ranks_rows_and_width(monkeypatch):
     from mrl.core import distributed as dist
-    from mrl.train.collect import lockstep_batch
+    from mrl.train.batch import StepBatch, lockstep
 
     # This rank holds 2 rollouts 1 token wide; the largest rank holds 3 rows 2 tokens wide.
     monkeypatch.setattr(dist, "max_over_ranks", lambda value: {2: 3, 1: 2}[value])
     mine = six_rollouts().take(torch.tensor([4, 5]))
-    grown = lockstep_batch(mine, six_rollouts(), PAD)
+    grown = lockstep(StepBatch(mine), PAD).rollouts
     assert grown.completion_ids.tolist() == [[14, PAD], [15, PAD], [14, PAD]]  # a copy of row 0 fills row 2
     assert grown.completion_mask.tolist() == [[1, 0], [1, 0], [1, 0]]  # the loop zeroes the filler's loss mask
     empty = six_rollouts().select_groups(torch.tensor([], dtype=torch.long))  # no live group on this rank
     monkeypatch.setattr(dist, "max_over_ranks", lambda value: {0: 3, 1: 1}[value])
-    assert lockstep_batch(empty, six_rollouts(), PAD).completion_ids.tolist() == [[10], [10], [10]]
+    grown = lockstep(StepBatch(empty, rounds=[StepBatch(six_rollouts())]), PAD)
+    assert grown.rollouts.completion_ids.tolist() == [[10], [10], [10]] and grown.own_rows == 0
 
 
 def test_position_ids():

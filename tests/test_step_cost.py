@@ -19,8 +19,17 @@ from mrl.generation import decoder as decoder_module
 from mrl.generation.decoder import DecodeRequest, SharedPrefixKV, inverse_cdf
 from mrl.generation.rollout import Rollouts, Sampling, native_decode, prompt_cache
 from mrl.modeling import heap, models
-from mrl.modeling.models import BUCKET_COST, Actor, length_buckets, load_causal_lm, position_ids, resolve_model_path
-from mrl.train.update import UpdateBatch, micro_batches, policy_forward, update
+from mrl.modeling.models import (
+    BUCKET_COST,
+    Actor,
+    length_buckets,
+    load_causal_lm,
+    position_ids,
+    reference_logprobs,
+    resolve_model_path,
+)
+from mrl.train.batch import StepBatch
+from mrl.train.update import micro_batches, policy_forward, update
 
 G, T = 3, 5
 PROMPT_LENGTHS = [4, 2, 3]  # per group, in a prompt width of 5: one column every row pads
@@ -67,6 +76,39 @@ def relative_gap(got: torch.Tensor, expected: torch.Tensor) -> float:
     return ((got - expected).abs().max() / expected.abs().max().clamp(min=1e-30)).item()
 
 
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("bucket_cost", [BUCKET_COST, 0])
+def test_the_optimised_scoring_is_the_plain_reference(tiny, dtype, tolerance, bucket_cost, monkeypatch, request):
+    """policy_forward (Actor.forward: each group's prompt run once, length buckets, one lookup, the chunked output
+    layer on the generated tokens alone) against reference_logprobs (one padded forward, every prompt its own, the
+    full logits): 3 groups x 3 rows, prompts of 4, 2 and 3 tokens in 5 columns, completions ending early and one at
+    the limit, at two temperatures: the same log-probs at every token (0 where not generated; float64: within
+    1e-12), and in float64 the same gradient of every parameter (within 2e-7, as where a micro-batch shares several
+    prompts' passes below).  With a bucket costing nothing, every completion length is its own bucket."""
+    monkeypatch.setattr(models, "BUCKET_COST", bucket_cost)
+    tails = decoder_calls(tiny, request, cached=True)
+    model = tiny.to(dtype)
+    try:
+        batch = batch_of(3, G, PROMPT_LENGTHS, COMPLETION_LENGTHS, 5, T)
+        weights = torch.linspace(-1.0, 2.0, 9 * T, dtype=dtype).view(9, T)
+        for temperature in (1.0, 0.7):
+            got = policy_forward(Actor(model), batch, temperature)[0]  # [N, T]
+            (got * weights).sum().backward()
+            optimised = {name: param.grad.clone() for name, param in model.named_parameters()}
+            model.zero_grad(set_to_none=True)
+            expected = reference_logprobs(model, batch.input_ids, batch.attention_mask, batch.completion_ids,
+                                          batch.completion_mask, temperature)
+            (expected * weights).sum().backward()
+            assert relative_gap(got, expected) <= tolerance
+            if dtype == torch.float64:
+                for name, param in model.named_parameters():
+                    assert relative_gap(optimised[name], param.grad) <= 2e-7, name  # several prompts' passes
+            model.zero_grad(set_to_none=True)
+        assert tails and (len(tails) == 4 * 2) == (bucket_cost == 0)  # the optimised path ran: 4 lengths, 2 passes
+    finally:
+        model.float()
+
+
 @pytest.mark.parametrize("dtype,micro,tolerance,bucket_cost", [
     (torch.float32, 6, 1e-6, BUCKET_COST), (torch.float64, 6, 2e-7, BUCKET_COST),
     (torch.float64, 1, 1e-13, BUCKET_COST), (torch.float32, 6, 1e-6, 0), (torch.float64, 6, 2e-7, 0)])
@@ -88,7 +130,7 @@ def test_the_trimmed_shared_update_is_the_padded_unshared_gradient(tiny, dtype, 
     with torch.no_grad():
         padded = unshared(actor, batch)  # [N, T]
     old = padded - torch.linspace(-0.3, 0.3, 9 * T, dtype=dtype).view(9, T)  # ratios 0.74 .. 1.35: clips too
-    updates = UpdateBatch(batch, mask, advantages, old_logprobs=old)
+    updates = StepBatch(batch, loss_mask=mask, advantages=advantages, old_logprobs=old)
     with torch.no_grad():
         for rows in micro_batches(torch.randperm(9), micro, G):
             part = updates.take(rows)
@@ -228,7 +270,8 @@ def test_the_bfcl_steps_update_runs_each_prompt_once(tiny):
         torch.manual_seed(seed)
         passes.clear()
         lookups.clear()
-        update(algo_settings(cfg), GradCapture(actor), None, UpdateBatch(batch, mask, torch.ones_like(mask)))
+        update(algo_settings(cfg), GradCapture(actor), None, StepBatch(batch, loss_mask=mask,
+                                                                     advantages=torch.ones_like(mask)))
         assert len(passes) == 2 and sum(passes) == 4  # two micro-batches of two groups each: 4 distinct prompts
         assert len(lookups) == 2
 

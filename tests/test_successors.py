@@ -268,8 +268,9 @@ def test_a_dropped_rollout_contributes_zero_gradient(make_cfg):
     from conftest import algo_settings
     from test_algos import hand_batch
 
+    from mrl.train.batch import StepBatch
     from mrl.train.loop import build_models
-    from mrl.train.update import UpdateBatch, update
+    from mrl.train.update import update
 
     cfg = make_cfg("algo=gd2po", "algo.entropy_coef=0.05", "trainer.micro_batch_size=8")
     estimator = ESTIMATORS["gd2po"]
@@ -284,7 +285,7 @@ def test_a_dropped_rollout_contributes_zero_gradient(make_cfg):
         mask = batch.completion_mask.float()  # [4, T]
         advantages, _ = estimator.token_advantages(rewards, ones, mask, None, None, settings)
         keep = estimator.kept(rewards, ones, settings).reshape(-1, 1).float()  # [4, 1]
-        full = UpdateBatch(batch, mask * keep, advantages)
+        full = StepBatch(batch, loss_mask=mask * keep, advantages=advantages)
         update(settings, actor, None, full if rows is None else full.take(torch.tensor(rows)))
         return {k: v.detach().clone() for k, v in actor.module.state_dict().items()}
 
@@ -324,9 +325,9 @@ def test_the_loop_leaves_the_rollouts_gd2po_drops_out_of_the_loss_mask(estimator
     seen = []
     real = loop.update_policy
 
-    def spy(run, batch, skip):
+    def spy(run, batch):
         seen.append((run, batch))
-        return real(run, batch, skip)
+        return real(run, batch)
 
     monkeypatch.setattr(loop, "update_policy", spy)
     loop.train(make_cfg(f"algo={estimator}", "algo.dynamic_sampling=true", "algo.max_gen_batches=2",

@@ -61,7 +61,7 @@ def test_top_k_top_p_train_with_kl_entropy_and_a_second_epoch_finite(make_cfg, t
 
 
 def test_old_log_probs_are_scored_at_the_sampling_temperature(make_cfg, tmp_path):
-    # Two epochs: the ratio's old log-probs come from score_rollouts.  At a learning rate of 1e-12 the policy does not
+    # Two epochs: the ratio's old log-probs come from batch_logprobs.  At a learning rate of 1e-12 the policy does not
     # move, so every ratio is 1 when both passes use trainer.temperature (scored at 1.0, approx_kl would be ~1e-2).
     final = train(make_cfg("algo=grpo", "trainer.temperature=0.7", "algo.epochs=2", "trainer.lr=1e-12",
                            "trainer.max_steps=1"), tmp_path)

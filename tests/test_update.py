@@ -18,7 +18,8 @@ from conftest import algo_settings, compose_config
 
 from mrl.generation.rollout import Rollouts
 from mrl.modeling.models import Actor, load_causal_lm, position_ids, resolve_model_path
-from mrl.train.update import UpdateBatch, micro_loss, policy_forward, update
+from mrl.train.batch import StepBatch
+from mrl.train.update import micro_loss, policy_forward, update
 
 N, P, T = 6, 3, 5
 LENGTHS = [5, 2, 4, 1, 3, 5]  # generated tokens per rollout: unequal, so seq_mean and token_mean differ
@@ -102,7 +103,7 @@ def update_gradient(policy, micro: int, scale: float = 1.0, **settings):
     old, ref, advantages = inputs(policy, batch, mask, settings["temperature"])
     advantages = advantages * scale
     capture = GradCapture(Actor(policy))
-    update(algo_settings(cfg), capture, None, UpdateBatch(batch, mask, advantages, old_logprobs=old,
+    update(algo_settings(cfg), capture, None, StepBatch(batch, loss_mask=mask, advantages=advantages, old_logprobs=old,
                                            ref_logprobs=ref if settings["kl_coef"] else None))
     policy.zero_grad(set_to_none=True)
     hand_loss(policy, batch, mask, old, ref, advantages, **settings).backward()
@@ -204,9 +205,9 @@ def test_micro_loss_is_the_number_worked_out_by_hand(agg, denom, head):
     ids = torch.zeros(2, 3, dtype=torch.long)
     rollouts = Rollouts(ids[:, :1], torch.ones(2, 1, dtype=torch.long), ids, t(MICRO_MASK).long(),
                         torch.ones_like(ids), [None, None], 2)
-    micro = UpdateBatch(rollouts, t(MICRO_MASK), t(MICRO_ADVANTAGES), t(RETURNS),
-                        old_logprobs=logprobs.detach() - t(LOG_RATIO),
-                        ref_logprobs=logprobs.detach() + t(REF_MINUS_LOGP), old_values=t(OLD_VALUES))
+    micro = StepBatch(rollouts, loss_mask=t(MICRO_MASK), advantages=t(MICRO_ADVANTAGES), returns=t(RETURNS),
+                      old_logprobs=logprobs.detach() - t(LOG_RATIO),
+                      ref_logprobs=logprobs.detach() + t(REF_MINUS_LOGP), old_values=t(OLD_VALUES))
     loss, stats = micro_loss(algo, GivenActor(logprobs, t(MICRO_ENTROPY), values), micro, denom, 6.0, 1.0)
     policy_loss, value_loss, metrics = HAND[agg]
     expected = policy_loss + 0.5 * value_loss if head else policy_loss
@@ -231,7 +232,8 @@ def real_update(policy, *overrides: str, reference=None, advantages_scale: float
         ref = policy_forward(Actor(reference), batch, cfg.trainer.temperature)[0] if reference is not None else None
     advantages = torch.linspace(-1, 1, N, dtype=torch.float64)[:, None] * mask * advantages_scale
     sums, steps = update(algo_settings(cfg), actor, None,
-                         UpdateBatch(batch, mask, advantages, old_logprobs=old, ref_logprobs=ref))
+                         StepBatch(batch, loss_mask=mask, advantages=advantages, old_logprobs=old,
+                                   ref_logprobs=ref))
     return sums, steps, batch, mask
 
 

@@ -84,7 +84,8 @@ def test_the_update_weighs_each_token_by_the_truncated_ratio(cfg, model, tokeniz
     from mrl.core.episode import Prompt
     from mrl.generation.rollout import generate
     from mrl.modeling.models import Actor
-    from mrl.train.update import UpdateBatch, micro_loss, policy_forward
+    from mrl.train.batch import StepBatch
+    from mrl.train.update import micro_loss, policy_forward
 
     protocol = WordsProtocol(tokenizer, {}, tuple(str(d) for d in range(10)), 1)
     torch.manual_seed(0)
@@ -95,13 +96,15 @@ def test_the_update_weighs_each_token_by_the_truncated_ratio(cfg, model, tokeniz
                                           "algo.kl_coef=0"))
     actor = Actor(model)
     tokens = float(mask.sum())
-    plain, _ = micro_loss(settings, actor, UpdateBatch(rollouts, mask, advantages), tokens, tokens, 1.0)
+    plain, _ = micro_loss(settings, actor, StepBatch(rollouts, loss_mask=mask, advantages=advantages), tokens, tokens,
+                          1.0)
     with torch.no_grad():
         old = policy_forward(actor, rollouts)[0]  # ratio 1 at the first step: the surrogate is -advantage
     torch.manual_seed(1)
     sampler = (old - torch.randn_like(mask)) * mask  # log r = old - sampler ~ N(0, 1): some tokens above log 2
     rollouts.sampler_logprobs = sampler
-    weighted, stats = micro_loss(settings, actor, UpdateBatch(rollouts, mask, advantages), tokens, tokens, 1.0)
+    weighted, stats = micro_loss(settings, actor, StepBatch(rollouts, loss_mask=mask, advantages=advantages), tokens,
+                                 tokens, 1.0)
     weights = torch.clamp(torch.exp(old - sampler), max=2.0) * mask
     assert (weights == 2.0).any() and (weights[mask.bool()] < 2.0).any()  # both sides of the cap are exercised
     assert plain.item() == pytest.approx((-advantages * mask).sum().item() / tokens, rel=1e-5)

@@ -339,6 +339,14 @@ def local_rows(x, like):
     return x[(slice(start, start + like.shape[0]), *(slice(0, n) for n in like.shape[1:]))]
 
 
+def choose_over_ranks(choose: Callable[[Any], Any], flags) -> tuple[Any, int]:
+    """A choice that must see the whole batch in its global order (dynamic sampling's first live groups): `choose`
+    ([n] bool -> [n] bool) on every rank's `flags`, in rank order -> (this rank's part of the choice, how many were
+    chosen over all ranks).  One process: (choose(flags), its count)."""
+    chosen = choose(gather_rows(flags))
+    return local_rows(chosen, flags), int(chosen.sum())
+
+
 # ---- rank 0's sinks --------------------------------------------------------------------------------------------
 
 def warn(message: str) -> None:

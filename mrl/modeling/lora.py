@@ -124,7 +124,7 @@ class BaseReference:
     """The KL reference of a LoRA policy: the training module itself with its adapters disabled, without gradients.
 
     Called like an mrl.modeling.models.Actor (what update.policy_forward calls), through a view that shares the policy's
-    modules (no copy) and has no value head.  score_rollouts calls it while the actor is in eval mode."""
+    modules (no copy) and has no value head.  batch_logprobs calls it while the actor is in eval mode."""
 
     def __init__(self, actor: Actor):
         self.view = Actor(actor.policy).eval()

@@ -221,6 +221,9 @@ class Actor(nn.Module):
         covers at most the completion and the prompt's last position.  Each distinct prompt then runs once and its
         keys and values serve every row that has it (exact: gradients reach it from all of them).  A group of G
         rollouts of a 250-token chat prompt and 60 completion tokens costs ~(250 + 8*60) token passes, not 8*310.
+
+        Each of these is a strategy for the numbers `reference_logprobs` computes plainly (one padded forward, full
+        logits): tests/test_step_cost.py proves them equal.
         """
         long = self.training and torch.is_grad_enabled() and \
             saved_bytes(self.policy, int(attention_mask[:, -keep:].sum())) > CHECKPOINT_BYTES
@@ -350,6 +353,23 @@ class Actor(nn.Module):
             states.append(nn.functional.pad(tail, (0, 0, 0, input_ids.shape[1] - W - width)))
         order = torch.cat(buckets).argsort()  # bucketed rows -> rows
         return torch.cat([head.last_hidden_state[row_prompt, -1:], torch.cat(states)[order]], 1)
+
+
+def reference_logprobs(policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """The plain reference for what `Actor.forward` computes with `targets`: the log-probs [N, T] of the completion
+    `completion_ids` [N, T] (the last T columns of `input_ids` [N, L]) under `policy`'s own forward, every row padded
+    and its prompt its own, the full logits [N, T, V] / temperature, log_softmax; 0 where `completion_mask` is 0.
+
+    Actor.forward gets the same numbers faster, by strategies each of which leaves them unchanged: a group's shared
+    prompt run once (`prompt_width`), CPU rows in length buckets, one embedding lookup, the output layer a chunk at a
+    time on the scored tokens alone.  tests/test_step_cost.py holds it to this function, values and gradients."""
+    T = completion_ids.shape[1]
+    logits = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                    use_cache=False).logits  # [N, L, V]
+    logprobs = (logits[:, -T - 1:-1] / temperature).log_softmax(-1)  # position P-1+t predicts completion token t
+    return logprobs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) * completion_mask  # [N, T]
 
 
 BUCKET_COST = 16  # what another forward of the completions costs on a CPU, in tokens computed (fixed per-call work)

@@ -37,7 +37,7 @@ from mrl.rewards.channels import RewardSet, build_reward_set
 from mrl.runs.restore import adapter_base, load_for_inference
 from mrl.runs.rundir import atomic_write_jsonl, atomic_write_text, check_writable, disk_faults, intact_checkpoint
 from mrl.runs.trust import run_config
-from mrl.train.collect import Scored
+from mrl.train.batch import StepBatch
 from mrl.train.validation import validate
 
 EVAL_FILE = "eval.json"
@@ -74,8 +74,8 @@ class HeldOut:
 
     prompts: list[Prompt]
     names: list[str]  # the channels, in the rewards' column order
-    greedy: Scored  # P episodes; rewards [P, K] (NaN: abstained or failed)
-    sampled: Scored | None  # P*S episodes, rewards [P*S, K]; None when S = 0
+    greedy: StepBatch  # P episodes; rewards [P, K] (NaN: abstained or failed)
+    sampled: StepBatch | None  # P*S episodes, rewards [P*S, K]; None when S = 0
     samples: int  # S
 
 
@@ -88,12 +88,12 @@ def score_held_out(engine: RolloutEngine, prompts: list[Prompt], sampling: Sampl
     Generated in chunks (`in_chunks`) of at most `batch_tokens` rows x (prompt + max_new_tokens) tokens, prompts of
     like length together: the KV cache, the memory that grows with the rows, is bounded by the budget whatever the
     number of prompts, and short prompts are not padded to the longest."""
-    greedy = Scored.of(in_chunks(engine, prompts, 1, replace(sampling, greedy=True), protocol, batch_tokens),
+    greedy = StepBatch.scored(in_chunks(engine, prompts, 1, replace(sampling, greedy=True), protocol, batch_tokens),
                        reward_set, "drop")
     sampled = None
     if samples > 0:
-        sampled = Scored.of(in_chunks(engine, prompts, samples, replace(sampling, greedy=False), protocol,
-                                      batch_tokens), reward_set, "drop")
+        sampled = StepBatch.scored(in_chunks(engine, prompts, samples, replace(sampling, greedy=False), protocol,
+                                             batch_tokens), reward_set, "drop")
     return HeldOut(prompts, list(reward_set.names), greedy, sampled, samples)
 
 

@@ -1,10 +1,11 @@
 """train(cfg): the whole training loop, top to bottom, for every algorithm.
 
-`train_step` is one step, five phases in order, each a call taking and returning named objects:
-1. collect (mrl/train/collect.py): rollouts from the rollout engine, scored per channel and shaped -> `Collected` (with
-   `EveryRank`, the rows of every rank the batch statistics are computed on);
-2. score (mrl/train/update.py): old and reference log-probs, old values, PPO's KL penalty, no gradients -> `Scores`;
-3. step_advantages: the estimator (mrl/algo/advantages.py) on every rank's rows, then this rank's -> `UpdateBatch`;
+`train_step` is one step, five phases in order, each a call on the step's one record, a `StepBatch`
+(mrl/train/batch.py), which collect fills and the update's side completes:
+1. collect (mrl/train/collect.py): rollouts from the rollout engine, scored per channel and shaped: the rollouts, their
+   rewards [B'*G, K], shaped rewards [B', G, K] and keep mask, every round generated;
+2. logprob_pass (mrl/train/update.py): old and reference log-probs, old values, PPO's KL penalty, no gradients;
+3. step_advantages: the estimator (mrl/algo/advantages.py) on every rank's rows; the advantages, returns and loss mask;
 4. update_policy: epochs x mini x micro-batches (mrl/train/update.py), then the engine's `sync_weights` -> its metrics;
 5. step_metrics, log_step, checkpoint_if_due.
 What the steps share (models, rollout engine, task and rewards, sinks, position) is a `Run`, built by `start_run`,
@@ -22,10 +23,12 @@ How it departs from the textbook PPO/GRPO loop:
   aggregations (seq_mean, token_mean) and for any number of live groups.
 
 Data parallel (mrl/core/distributed.py; `torchrun ... -m mrl train`): each rank generates whole groups for its share
-of the global `trainer.prompts_per_step`; rewards are gathered from every rank before any batch statistic (the
-advantages, dynamic sampling's choice of live groups, the logged metrics), and losses are divided by global counts,
-so one config is one experiment on 1 or N ranks.  Every rank runs the same micro-batches (DeepSpeed's collectives
-need it): a rank with fewer rows repeats one with a zero loss mask.  Rank 0 alone writes logs.
+of the global `trainer.prompts_per_step`, and the ranks meet at two named calls of `train_step`: `lockstep` grows
+every rank's batch to the largest's before the update's side (DeepSpeed's collectives need the same micro-batches
+everywhere: a rank with fewer rows repeats one with a zero loss mask), and `every_rank` gathers every rank's rows
+for the batch statistics (the advantages, the logged metrics, the prices).  Dynamic sampling's choice of live groups
+sees every rank's groups too (mrl.core.distributed.choose_over_ranks), and losses are divided by global counts, so one
+config is one experiment on 1 or N ranks.  Rank 0 alone writes logs.
 
 The run dir is locked while train() runs, and a stop loses no completed step (mrl/runs/rundir.py): SIGTERM or Ctrl-C
 during generation and scoring checkpoints the last completed step at once; during the update, its logs and a
@@ -38,7 +41,7 @@ import json
 import random
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +79,10 @@ from mrl.runs.checkpoint import CheckpointError, load_rng_state, save_checkpoint
 from mrl.runs.rundir import RunDirLock, StopSignals, check_run_dir, run_identity
 from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink, write_samples
 from mrl.runs.warm_start import warm_start
-from mrl.train.collect import Collected, CollectSettings, EveryRank, collect
+from mrl.train.batch import StepBatch, every_rank, lockstep
+from mrl.train.collect import CollectSettings, collect
 from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
-from mrl.train.update import AlgoSettings, Scores, UpdateBatch, precision_logprob_gap, score, update, update_metrics
+from mrl.train.update import AlgoSettings, logprob_pass, precision_logprob_gap, update, update_metrics
 from mrl.train.validation import validate
 
 
@@ -114,63 +118,51 @@ def train_locked(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 def train_step(run: Run, step: int, stop: StopSignals) -> dict[str, Any]:
-    """One step, the five phases in order; returns its metrics."""
+    """One step, the five phases in order, on one `StepBatch`; returns its metrics.  Ranks meet at two named calls
+    (`lockstep`, `every_rank`): the phases between them are single-process code."""
     clock = StepClock(run.device)
-    collected = collect(run.collecting, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,
-                        run.state)  # 1. rollouts
-    run.failing.update(collected.every.failed)  # stop rather than train on nothing (every rank's samples: all stop)
+    batch = collect(run.collecting, run.task, run.engine, run.actor.whole, run.tokenizer, run.reward_set,
+                    run.state)  # 1. rollouts, rewards, shaped rewards, keep mask
     clock.rollouts_done()
-    scores = score(run.algo, run.actor, run.reference, run.critic, collected.batch)  # 2. no gradients
-    batch, every = step_advantages(run, collected, scores)  # 3. every rank's rows -> this rank's UpdateBatch
+    batch = lockstep(batch, run.tokenizer.pad_token_id)  # ranks: as many rows and columns as the largest rank's
+    logprob_pass(run.algo, run.actor, run.reference, run.critic, batch)  # 2. old/ref log-probs, values: no gradients
+    every = every_rank(batch)  # ranks: every rank's own rows, for the batch statistics
+    run.failing.update(every.generated.failed)  # stop rather than train on nothing (every rank's samples: all stop)
+    step_advantages(run, batch, every)  # 3. advantages, returns, loss mask
     stop.defer()  # a signal from here on waits for the step's end: weights, logs and checkpoint agree
     run.updating = True
-    updated = update_policy(run, batch, collected.skip_update)  # 4. optimizer steps, then sync the engine
+    updated = update_policy(run, batch)  # 4. optimizer steps, then sync the engine
     clock.update_done()
     run.state["step"] = step  # 5. log and checkpoint
-    metrics = step_metrics(run, step, collected, every, batch, updated, clock)
-    log_step(run, step, metrics, collected)
+    metrics = step_metrics(run, step, batch, every, updated, clock)
+    log_step(run, step, metrics, batch)
     run.completed = dict(run.state)
     run.updating = False
     checkpoint_if_due(run, step)
     return metrics
 
 
-def step_advantages(run: Run, collected: Collected, scores: Scores) -> tuple[UpdateBatch, EveryRank]:
-    """Phase 3: the estimator on every rank's rows (`EveryRank`), then this rank's: the batch the update trains on,
-    whose loss mask leaves out dropped rollouts and lockstep padding rows.  Returns it and every rank's rows (the
-    KL penalty added), for the step's metrics."""
-    mask = collected.batch.completion_mask.float()  # [N, T]
-    every = replace(collected.every, kl_penalty=collected.every.gather(scores.kl_penalty))
-    advantages, returns = global_advantages(run.estimator, every, run.reward_set.weights, mask, scores.values,
-                                            run.algo)  # [N, T], [N, T] | None
-    keep = collected.keep.reshape(-1).float()  # [rows]
+def step_advantages(run: Run, batch: StepBatch, every: StepBatch) -> None:
+    """Phase 3: the estimator on every rank's rows (`every`), and the loss mask, which leaves out the rollouts
+    dropped (vetoes, failed channels, the estimator's own: GD²PO's conflicts) and lockstep padding rows; into
+    `every`, for the step's metrics, and this rank's rows of them into `batch`, for the update."""
+    shaped, weights, mask = every.shaped.to(every.completion_mask.device), run.reward_set.weights, every.completion_mask
+    every.advantages, every.returns = run.estimator.token_advantages(shaped, weights.to(mask.device), mask,
+                                                                     every.old_values, every.kl_penalty, run.algo)
+    keep = every.keep.reshape(-1).float()  # [rows]
     if run.estimator.kept is not None:  # rollouts the estimator drops (GD²PO's conflicts) leave the loss too
-        kept = run.estimator.kept(every.shaped, run.reward_set.weights.to(every.shaped.dtype), run.algo)  # [B'', G]
-        keep = keep * dist.local_rows(kept.reshape(-1).float(), keep).to(keep.device)
-    keep = dist.pad_to(keep, (mask.shape[0],))  # [N]
-    loss_mask = mask * keep.reshape(-1, 1).to(run.device)
-    return UpdateBatch(collected.batch, loss_mask, advantages, returns, scores.old_logprobs, scores.ref_logprobs,
-                       scores.values), every
+        kept = run.estimator.kept(every.shaped, weights.to(every.shaped.dtype), run.algo)  # [B'', G]
+        keep = keep * kept.reshape(-1).float().to(keep.device)
+    every.loss_mask = mask * keep.reshape(-1, 1).to(mask.device)  # [N'', T]
+    batch.advantages, batch.returns, batch.loss_mask = (every.mine(x, batch) for x in (every.advantages, every.returns,
+                                                                                       every.loss_mask))
 
 
-def global_advantages(estimator: Estimator, every: EveryRank, weights: Tensor, mask: Tensor, values: Tensor | None,
-                      algo: AlgoSettings) -> tuple[Tensor, Tensor | None]:
-    """The estimator on every rank's rows, then this rank's.  mask, values: [N, T] with this rank's padding rows ->
-    (advantages [N, T], returns [N, T] or None), 0 on the padding rows."""
-    advantages, returns = estimator.token_advantages(every.shaped.to(mask.device), weights.to(mask.device),
-                                                     every.mask, every.gather(values), every.kl_penalty, algo)
-
-    def local(x: Tensor | None) -> Tensor | None:
-        return None if x is None else dist.pad_to(dist.local_rows(x, mask[:every.rows]), mask.shape)
-
-    return local(advantages), local(returns)
-
-
-def update_policy(run: Run, batch: UpdateBatch, skip: bool) -> dict[str, float | None]:
+def update_policy(run: Run, batch: StepBatch) -> dict[str, float | None]:
     """Phase 4: the optimizer steps (none when dynamic sampling found no live group), then the rollout engine
     samples the new weights.  Returns the update's metrics (mrl.train.update.update_metrics)."""
     sums, mini_batches = {}, 0
-    if not skip:
+    if not batch.skip_update:
         sums, mini_batches = update(run.algo, run.actor, run.critic, batch)
         run.engine.sync_weights(run.actor.module.policy)
     return update_metrics(sums, mini_batches)
@@ -279,8 +271,6 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
         state = json.loads((resume_from / "state.json").read_text())
         reward_set.load_prices(state.get("prices"), state.get("controllers"))  # the budgets' prices, as saved
     sampling = Sampling.of(trainer)  # one for the rollouts, the losses and the held-out evaluation
-    settings = (CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator),
-                AlgoSettings.of(cfg, sampling), HeldOutSettings.of(cfg, sampling), Schedule.of(cfg))
     previous_metrics = resume_from.parent.parent / METRICS_FILE if resume_from else None
     # The sinks are rank 0's; other ranks hold dist.Nothing (or no W&B).
     metrics_file = dist.on_main(lambda: MetricsFile(run_dir, state["step"] if resume_from else None, previous_metrics))
@@ -289,21 +279,24 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
     progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
                                              cfg.logger.log_every))
     engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
-    return Run(run_dir, device, tokenizer, actor, critic, reference, engine, task, reward_set, estimator, *settings,
-               FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps), metrics_file, wandb, progress,
-               identity, state, completed=dict(state), saved_step=state["step"],
-               precision_gap_due=actor.precision.compute is not None)
+    return Run(run_dir=run_dir, device=device, tokenizer=tokenizer, actor=actor, critic=critic, reference=reference,
+               engine=engine, task=task, reward_set=reward_set, estimator=estimator,
+               collecting=CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator),
+               algo=AlgoSettings.of(cfg, sampling), held_out=HeldOutSettings.of(cfg, sampling),
+               schedule=Schedule.of(cfg), failing=FailureStreaks(reward_set.names, cfg.rewards.max_failed_steps),
+               metrics_file=metrics_file, wandb=wandb, progress=progress, identity=identity, state=state,
+               completed=dict(state), saved_step=state["step"], precision_gap_due=actor.precision.compute is not None)
 
 
-def log_step(run: Run, step: int, metrics: dict[str, Any], collected: Collected) -> None:
+def log_step(run: Run, step: int, metrics: dict[str, Any], batch: StepBatch) -> None:
     """Phase 5: metrics.jsonl, W&B, transcripts every `logger.samples_every` steps (one per group), the progress bar."""
     run.metrics_file.log(metrics)
     if run.wandb is not None:
         run.wandb.log(metrics)
     samples_every = run.schedule.samples_every
     if samples_every and step % samples_every == 0 and dist.is_main():
-        shown = collected.rounds[0]
-        rows = list(range(0, len(shown.episodes), shown.rollouts.group_size))[:4]
+        shown = batch.rounds[0]
+        rows = list(range(0, len(shown.episodes), shown.group_size))[:4]
         samples = sample_records(step, [shown.episodes[r] for r in rows], shown.rewards[rows].tolist(),
                                  run.reward_set.names)
         write_samples(run.run_dir, samples)
@@ -393,37 +386,37 @@ def build_models(cfg: DictConfig, estimator, device: torch.device, resume_from: 
     return tokenizer, actor, critic, reference
 
 
-def step_metrics(run: Run, step: int, collected: Collected, every: EveryRank, batch: UpdateBatch,
-                 updated: dict[str, float | None], clock: StepClock) -> dict[str, Any]:
+def step_metrics(run: Run, step: int, batch: StepBatch, every: StepBatch, updated: dict[str, float | None],
+                 clock: StepClock) -> dict[str, Any]:
     """Phase 5: the step's metrics: rewards, advantages, groups and shaping (`batch_metrics`), the budgets' prices,
     the update's, times and memory, the agents', and the held-out evaluation when due."""
-    metrics = batch_metrics(step, collected, every, run.reward_set, run.estimator, run.algo, batch)
+    metrics = batch_metrics(step, batch, every, run.reward_set, run.estimator, run.algo)
     if run.reward_set.prices:  # the budgets' prices for the next step, from every rollout generated on every rank
-        metrics.update(run.reward_set.update_prices(every.rewards))
+        metrics.update(run.reward_set.update_prices(every.generated.rewards))
         run.state["prices"] = dict(run.reward_set.prices)  # a new dict: run.completed keeps the last step's
         if run.reward_set.controllers:  # a pid price's memory (its integral term, the cost's EMA and history)
             run.state["controllers"] = run.reward_set.controller_states()
     metrics.update(updated)
     if run.precision_gap_due:  # once a run, where it computes in bf16: what that changes in the log-probs
-        metrics.update(precision_logprob_gap(run.actor, collected.batch, run.algo))
+        metrics.update(precision_logprob_gap(run.actor, batch.rollouts, run.algo))
         run.precision_gap_due = False
-    generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in collected.rounds))
+    generated_tokens = dist.sum_over_ranks(sum(int(r.rollouts.completion_mask.sum()) for r in batch.rounds))
     metrics.update(clock.metrics(generated_tokens))
-    episodes = collected.episodes
+    episodes = [e for r in batch.rounds for e in r.episodes]  # every episode generated this step on this rank
     metrics.update(dist.mean_over_ranks(agent_metrics(episodes), weight=len(episodes)))
     metrics.update(eval_if_due(run, step))  # held-out prompts, every trainer.eval_every steps
     return metrics
 
 
-def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set: RewardSet, estimator: Estimator,
-                  algo: AlgoSettings, batch: UpdateBatch) -> dict[str, Any]:
-    """The step's reward, advantage, group and shaping metrics over every rank's rollouts (gathered; lockstep padding
-    rows left out), at the weights the advantages used (before the prices move)."""
-    G, K = collected.batch.group_size, len(reward_set.names)
+def batch_metrics(step: int, batch: StepBatch, every: StepBatch, reward_set: RewardSet, estimator: Estimator,
+                  algo: AlgoSettings) -> dict[str, Any]:
+    """The step's reward, advantage, group and shaping metrics over every rank's rollouts (`every`: gathered,
+    lockstep padding rows left out), at the weights the advantages used (before the prices move)."""
+    G, K = batch.group_size, len(reward_set.names)
     weights = reward_set.weights
-    all_rewards = every.rewards.view(-1, G, K)  # [rounds*B, G, K]
-    shaped, mask = every.shaped, every.mask  # [B', G, K], [N, T]
-    advantages, loss_mask = every.gather(batch.advantages), every.gather(batch.loss_mask)  # [N, T]
+    all_rewards = every.generated.rewards.view(-1, G, K)  # [rounds*B, G, K]
+    shaped, mask = every.shaped, every.completion_mask  # [B', G, K], [N, T]
+    advantages, loss_mask = every.advantages, every.loss_mask  # [N, T]
     metrics: dict[str, Any] = {"step": step}
     metrics.update(reward_metrics(all_rewards, weights, reward_set.names))
     if every.kl_penalty is not None:  # the penalty PPO's rewards actually carried, summed over each rollout's tokens
@@ -436,17 +429,17 @@ def batch_metrics(step: int, collected: Collected, every: EveryRank, reward_set:
         "adv/mean": masked_mean(advantages, loss_mask), "adv/std": masked_std(advantages, loss_mask),
         "adv/distinct_per_group": distinct_per_group(sequence_adv),
         "groups/dead_frac_raw": dead_frac(reward_set.live(all_rewards, estimator)),
-        "rewards/failed_frac": every.failed.any(-1).float().mean().item(),
-        "groups/dead_frac": (None if collected.skip_update
+        "rewards/failed_frac": every.generated.failed.any(-1).float().mean().item(),
+        "groups/dead_frac": (None if batch.skip_update
                              else dead_frac(reward_set.live(shaped, estimator))),
-        "dapo/skipped_update": float(collected.skip_update),
-        "dapo/gen_batches": len(collected.rounds),
+        "dapo/skipped_update": float(batch.skip_update),
+        "dapo/gen_batches": len(batch.rounds),
         "dapo/rollouts_generated": all_rewards.shape[0] * G,  # over all ranks
-        "dapo/live_groups": collected.num_live,
+        "dapo/live_groups": batch.live_groups,
     })
     metrics.update(successor_metrics(shaped, all_rewards, reward_set))
     # The shaping statistics are fractions of the batch's rollouts: their row-weighted mean over ranks is the whole.
-    metrics.update(dist.mean_over_ranks(collected.shaping_stats, weight=collected.rows))
+    metrics.update(dist.mean_over_ranks(batch.shaping_stats, weight=batch.own_rows))
     return metrics
 
 

@@ -1,7 +1,7 @@
-"""The update's side of a step: the rollouts scored without gradients (phase 2, `score`: old and reference
-log-probs, old values, PPO's KL penalty, one `Scores` record), and the optimizer steps (phase 4, `update`: epochs x
-mini-batches x micro-batches around `micro_loss`, on an `UpdateBatch`); both score tokens with `policy_forward`
-(and `value_forward`, PPO's separate critic).
+"""The update's side of a step, on the step's `StepBatch` (mrl/train/batch.py): the rollouts scored without
+gradients (phase 2, `logprob_pass`: old and reference log-probs, old values, PPO's KL penalty, into the batch), and
+the optimizer steps (phase 4, `update`: epochs x mini-batches x micro-batches around `micro_loss`); both score tokens
+with `policy_forward` (and `value_forward`, PPO's separate critic).
 
 Losses of micro-batches are divided by their mini-batch's count (tokens or sequences, as the aggregation says:
 mrl.algo.losses.AGGREGATIONS), and that count by the number of ranks, so gradient accumulation and DeepSpeed's mean over
@@ -30,6 +30,7 @@ from mrl.generation.rollout import Rollouts, Sampling
 from mrl.modeling.models import position_ids
 from mrl.modeling.precision import in_float32
 from mrl.modeling.trainable import Trainable
+from mrl.train.batch import StepBatch
 
 UPDATE_KEYS = ("loss/policy", "loss/value", "loss/total", "kl", "entropy", "clip_frac", "policy/approx_kl", "grad_norm")
 
@@ -80,36 +81,8 @@ class AlgoSettings:
         return self.epochs == 1 and self.num_mini_batches == 1 and self.kl_mode != "reward"
 
 
-@dataclass
-class UpdateBatch:
-    """What the update trains on, handed from scoring (phases 2 and 3) to the update (phase 4): the rollouts and,
-    per completion token [N, T], what the loss needs of them."""
-
-    rollouts: Rollouts
-    loss_mask: Tensor  # [N, T] generated tokens of the rows trained on (dropped rollouts, lockstep padding: 0)
-    advantages: Tensor  # [N, T]
-    returns: Tensor | None = None  # [N, T] the value loss's targets (PPO)
-    old_logprobs: Tensor | None = None  # [N, T] the sampling policy's; None: the update's own, detached
-    ref_logprobs: Tensor | None = None  # [N, T] the reference's (KL), or None
-    old_values: Tensor | None = None  # [N, T] (PPO)
-
-    @property
-    def rows(self) -> int:
-        return self.loss_mask.shape[0]
-
-    def take(self, rows: Tensor) -> "UpdateBatch":
-        """The batch at `rows` [M] (a micro-batch), trimmed to its own widths (`Rollouts.trimmed`): the columns its
-        rows all pad are never computed, and every per-token tensor keeps the completion's first T' columns."""
-        at = rows.to(self.loss_mask.device)
-        rollouts = self.rollouts.take(rows).trimmed()
-        width = rollouts.completion_ids.shape[1]  # T': the cut columns are padding of every row, loss mask 0
-        pick = lambda x: None if x is None else x[at, :width]  # noqa: E731
-        return UpdateBatch(rollouts, pick(self.loss_mask), pick(self.advantages), pick(self.returns),
-                           pick(self.old_logprobs), pick(self.ref_logprobs), pick(self.old_values))
-
-
 def update(algo: AlgoSettings, actor: Trainable, critic: Trainable | None,
-           batch: UpdateBatch) -> tuple[dict[str, float], int]:
+           batch: StepBatch) -> tuple[dict[str, float], int]:
     """Phase 4: epochs x mini-batches x micro-batches of `micro_loss` (and the critic's value loss), one optimizer
     step per mini-batch.  Returns (per-mini-batch sums of the update metrics, number of mini-batches)."""
     warp = algo.sampling.truncation()  # top_k / top_p: the loss scores the distribution the sampler drew from
@@ -119,8 +92,8 @@ def update(algo: AlgoSettings, actor: Trainable, critic: Trainable | None,
     sums: dict[str, float] = {}
     mini_batches = 0
     for _ in range(algo.epochs):
-        # Every rank holds as many rows as the others (lockstep_batch), so the ranks agree on every count below.
-        for mini in torch.randperm(batch.rows).tensor_split(algo.num_mini_batches):
+        # Every rank holds as many rows as the others (mrl.train.batch.lockstep), so the ranks agree on every count.
+        for mini in torch.randperm(len(batch)).tensor_split(algo.num_mini_batches):
             if not len(mini):
                 continue
             mini_batches += 1
@@ -161,7 +134,7 @@ def micro_batches(mini: Tensor, size: int, group_size: int) -> list[Tensor]:
     return list(mini[order].split(size))
 
 
-def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, temperature: float,
+def micro_loss(algo, actor, micro: StepBatch, denom: float, tokens: float, temperature: float,
                warp=None) -> tuple[Tensor, dict[str, float]]:
     """One micro-batch's part of its mini-batch's policy loss, and of the update's metrics.
 
@@ -210,7 +183,7 @@ def micro_loss(algo, actor, micro: UpdateBatch, denom: float, tokens: float, tem
     return loss, stats
 
 
-def micro_value_loss(algo, values: Tensor, micro: UpdateBatch, denom: float) -> Tensor:
+def micro_value_loss(algo, values: Tensor, micro: StepBatch, denom: float) -> Tensor:
     """The clipped value loss of `values` [M, T] (the policy's value head, or PPO's separate critic) against
     `micro.returns`, aggregated as the policy loss is (over `micro.loss_mask`, divided by the mini-batch's `denom`)."""
     return aggregate(value_loss(values, micro.old_values, micro.returns, algo.value_clip), micro.loss_mask,
@@ -229,45 +202,37 @@ def update_metrics(sums: dict[str, float], mini_batches: int) -> dict[str, float
     return metrics
 
 
-@dataclass
-class Scores:
-    """Phase 2: the batch scored without gradients, per completion token [N, T]."""
-
-    old_logprobs: Tensor | None  # the sampling policy's; None: the update takes its own, detached (`single_update`)
-    ref_logprobs: Tensor | None  # the reference's (algo.kl_coef > 0)
-    values: Tensor | None  # the critic's or the value head's (PPO)
-    kl_penalty: Tensor | None = None  # PPO's per-token KL penalty in the reward (algo.kl_mode=reward)
-
-
-def score(algo: AlgoSettings, actor: Trainable, reference, critic: Trainable | None, batch: Rollouts) -> Scores:
-    """Phase 2: `batch` scored by the policy, the reference and the critic, their weights whole (ZeRO-3)."""
+def logprob_pass(algo: AlgoSettings, actor: Trainable, reference, critic: Trainable | None, batch: StepBatch) -> None:
+    """Phase 2: `batch` scored by the policy, the reference and the critic, their weights whole (ZeRO-3), without
+    gradients: its old_logprobs, ref_logprobs, old_values and kl_penalty, [N, T] each or None."""
     with actor.whole(), critic.whole() if critic is not None else nullcontext():
-        scores = score_rollouts(actor, reference, critic, batch, algo.micro_batch_size, algo.sampling.temperature,
-                                policy=not algo.single_update, warp=algo.sampling.truncation())
-    scores.kl_penalty = reward_kl_penalty(algo, scores, batch.completion_mask.float())
-    return scores
+        batch.old_logprobs, batch.ref_logprobs, batch.old_values = batch_logprobs(
+            actor, reference, critic, batch.rollouts, algo.micro_batch_size, algo.sampling.temperature,
+            policy=not algo.single_update, warp=algo.sampling.truncation())
+    batch.kl_penalty = reward_kl_penalty(algo, batch, batch.completion_mask)
 
 
-def reward_kl_penalty(algo, scores: Scores, mask: Tensor) -> Tensor | None:
+def reward_kl_penalty(algo, batch: StepBatch, mask: Tensor) -> Tensor | None:
     """PPO's per-token KL penalty in the reward (algo.kl_mode=reward), [N, T]; None without a reference model or
     with KL in the loss."""
-    if scores.ref_logprobs is None or algo.kl_mode != "reward":
+    if batch.ref_logprobs is None or algo.kl_mode != "reward":
         return None
-    return algo.kl_coef * kl_k3(scores.old_logprobs, scores.ref_logprobs) * mask
+    return algo.kl_coef * kl_k3(batch.old_logprobs, batch.ref_logprobs) * mask
 
 
 @torch.no_grad()
-def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch: Rollouts, micro_batch_size: int,
-                   temperature: float, policy: bool = True, warp=None) -> Scores:
-    """Old log-probs (None when not `policy`), reference log-probs (or None) and old values (or None), [N, T] each,
+def batch_logprobs(actor: Trainable, reference, critic: Trainable | None, rollouts: Rollouts, micro_batch_size: int,
+                   temperature: float, policy: bool = True,
+                   warp=None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(old log-probs (None when not `policy`), reference log-probs (or None), old values (or None)), [N, T] each,
     micro-batched, log-probs of the sampling distribution (logits / temperature, truncated by `warp` under top_k /
     top_p; the reference's by its own top-k / top-p)."""
     actor.module.eval()
     if critic is not None:
         critic.module.eval()
     old, ref, values = [], [], []
-    for rows in torch.arange(len(batch.episodes)).split(micro_batch_size):
-        micro, head_values = batch.take(rows), None
+    for rows in torch.arange(len(rollouts.episodes)).split(micro_batch_size):
+        micro, head_values = rollouts.take(rows), None
         if policy or actor.module.value_head is not None:  # the value head's old values need this pass anyway
             logprobs, _, head_values = policy_forward(actor, micro, temperature, warp=warp)
             old.append(logprobs)
@@ -278,7 +243,7 @@ def score_rollouts(actor: Trainable, reference, critic: Trainable | None, batch:
         elif head_values is not None:
             values.append(head_values)
     cat = lambda xs: torch.cat(xs) if xs else None  # noqa: E731
-    return Scores(cat(old), cat(ref), cat(values))
+    return cat(old), cat(ref), cat(values)
 
 
 def accumulate(sums: dict[str, float], stats: dict[str, float]) -> None:
@@ -329,8 +294,8 @@ def precision_logprob_gap(actor: Trainable, batch: Rollouts, algo: AlgoSettings)
     log-prob in float32| per generated token of `batch`, under the policy as it is now: what bf16 compute changes
     (mrl/modeling/precision.py), measured on real rollouts."""
     def logprobs() -> Tensor:  # [N, T]
-        return score_rollouts(actor, None, None, batch, algo.micro_batch_size, algo.sampling.temperature,
-                              warp=algo.sampling.truncation()).old_logprobs
+        return batch_logprobs(actor, None, None, batch, algo.micro_batch_size, algo.sampling.temperature,
+                              warp=algo.sampling.truncation())[0]
 
     with actor.whole():
         low = logprobs()
