@@ -227,8 +227,9 @@ def run_mrl(shape: Shape, steps: int, hooks: Hooks,
     loop.MetricsFile = SyncedMetrics
     loop.collect = hooks.timed_rollout(loop.collect)
     if phases is not None:
-        for name in ("collect", "score", "update"):
-            setattr(loop, name, phases(name, getattr(loop, name)))
+        logprobs = "logprob_pass" if hasattr(loop, "logprob_pass") else "score"  # "score": a checkout before StepBatch
+        for name, attribute in (("collect", "collect"), ("score", logprobs), ("update", "update")):
+            setattr(loop, attribute, phases(name, getattr(loop, attribute)))
     run_dir = Path(tempfile.mkdtemp(prefix=f"mrl-bench-{shape.name}-"))
     loop.train(cfg, run_dir)
 

@@ -156,10 +156,11 @@ def run_mrl_arm(steps: int, hooks: StepHooks, model: Path | None, compute: str |
                 phase["name"] = "rollout"
                 wall, cpu = (b - a for a, b in zip(start, clocks()))
                 batch = args[3]
+                rows = batch.rows if hasattr(batch, "rows") else len(batch)  # UpdateBatch.rows before StepBatch
                 hooks.counts.update(update_wall_s=wall, update_cpu_s=cpu, unique_tokens=unique_tokens(batch.rollouts),
                                     attention_pairs=attention_pairs(batch.rollouts),
-                                    mean_length=float(batch.rollouts.completion_mask.sum()) / batch.rows,
-                                    scored_tokens=int(batch.rollouts.completion_attention.sum()) + batch.rows,
+                                    mean_length=float(batch.rollouts.completion_mask.sum()) / rows,
+                                    scored_tokens=int(batch.rollouts.completion_attention.sum()) + rows,
                                     compute=hooks.compute, **hooks.weights)
         return counted
 
