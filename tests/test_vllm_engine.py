@@ -145,8 +145,7 @@ def test_vllm_refusals_name_the_fix(monkeypatch):
     written)."""
     with pytest.raises(UserError, match=r"rollout.engine=vllm: vLLM cannot run the built-in tiny model"):
         validate(compose_config("rollout.engine=vllm"))
-    monkeypatch.setattr(rollout, "vllm_missing", lambda: "vLLM is not installed: pip install 'mrl[vllm]' (or make "
-                                                         "install-vllm)")
+    monkeypatch.setattr(rollout, "vllm_missing", lambda: "vLLM is not installed")
     with pytest.raises(UserError, match=r"rollout.engine=vllm: vLLM is not installed: pip install 'mrl\[vllm\]'"):
         validate(compose_config("rollout.engine=vllm", f"model.name_or_path={SMOLLM2}"))
     with pytest.raises(UserError, match="ZeRO-3 partitions the weights"):

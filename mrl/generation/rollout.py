@@ -28,7 +28,8 @@ from mrl.core.distributed import warn
 from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.generation.captured import captured_decoder, first_use_check
 from mrl.generation.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
-from mrl.generation.vllm_engine import VllmSampler, VllmSettings, unsupported_architectures
+from mrl.generation.vllm_engine import INSTALL as VLLM_INSTALL
+from mrl.generation.vllm_engine import VllmSampler, VllmSettings, unsupported_model
 from mrl.generation.vllm_engine import missing as vllm_missing
 from mrl.modeling.models import BUILTIN_TINY, cache_kwarg, empty_cache, hf_model, position_ids, rows_of
 
@@ -606,35 +607,49 @@ def own_decoder_engine(name: str, decode: Decode) -> Callable[[Any, torch.nn.Mod
     return build
 
 
-def vllm_refusal(cfg) -> str | None:
-    """Why `rollout.engine=vllm` cannot run this config, in one line naming the fix; None when it can.  Imports vLLM
-    where it is installed and the model is a local dir (to read its architectures)."""
+def vllm_refusal(cfg) -> tuple[str, str] | None:
+    """Why vLLM cannot sample for this config and the fix, (why, fix); None when it can.  Imports vLLM where it is
+    installed and the model is a local dir (to read its config: mrl.generation.vllm_engine.unsupported_model)."""
     if cfg.model.name_or_path == BUILTIN_TINY:
-        return (f"vLLM cannot run the built-in tiny model ({BUILTIN_TINY}: a word-level vocabulary of its own); use a "
-                "model vLLM knows (model=smollm2_local after `make smollm2`), or rollout.engine=auto")
+        return (f"vLLM cannot run the built-in tiny model ({BUILTIN_TINY}: a word-level vocabulary of its own)",
+                "use a model vLLM knows (model=smollm2_local after `make smollm2`), or rollout.engine=auto")
     if cfg.deepspeed.enabled and cfg.deepspeed.stage == 3:
-        return "ZeRO-3 partitions the weights vLLM loads after every update; use deepspeed=zero2 (or none)"
-    return vllm_missing() or unsupported_architectures(os.path.expanduser(cfg.model.name_or_path))
+        return "ZeRO-3 partitions the weights vLLM loads after every update", "use deepspeed=zero2 (or none)"
+    if vllm_missing() is not None:
+        return vllm_missing(), VLLM_INSTALL
+    reason = unsupported_model(os.path.expanduser(cfg.model.name_or_path))
+    return None if reason is None else (reason, "use a model vLLM serves, or rollout.engine=auto")
+
+
+def refuse_vllm(cfg) -> None:
+    """`rollout.engine=vllm` where vLLM cannot sample for `cfg`: one line, why and the fix."""
+    refusal = vllm_refusal(cfg)
+    if refusal is not None:
+        raise UserError("rollout.engine=vllm: {}: {}".format(*refusal))
 
 
 def build_vllm(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> VllmEngine:
     """`rollout.engine=vllm`: vLLM in this process, started from the live policy's weights (a warm start's or a
     resumed checkpoint's), in model.dtype (mrl/generation/vllm_engine.py)."""
-    reason = vllm_refusal(cfg)
-    if reason is not None:
-        raise UserError(f"rollout.engine=vllm: {reason}")
+    refuse_vllm(cfg)
     sampler = VllmSampler(policy, tokenizer, device, VllmSettings.of(cfg), getattr(torch, cfg.model.dtype))
     return VllmEngine(sampler, tokenizer, device, end_token_ids(hf_model(policy), tokenizer))
 
 
 def auto_engine(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> InProcessEngine | VllmEngine:
-    """vLLM where it is installed and runs the model (said in one line); else on CUDA the captured decoder where it
-    passes its first-use check, else HF generate (`auto_cuda_decode`, said in one line); elsewhere the native
-    decoder where it runs the model (its structure, then its logits at the first use), else HF generate."""
-    if cfg is not None and vllm_refusal(cfg) is None:
-        warn("rollout.engine=auto: vLLM samples (installed, and it runs the model); rollout.engine=native or hf "
+    """vLLM where it is installed and serves the model; else on CUDA the captured decoder where it passes its
+    first-use check, else HF generate (`auto_cuda_decode`, said in one line); elsewhere the native decoder where it
+    runs the model (its structure, then its logits at the first use), else HF generate.  Where vLLM is installed,
+    one line says whether it samples, and if not, why (the built-in tiny model, a model it cannot serve); where it
+    is not, nothing is said of it (nor is it imported)."""
+    refusal = vllm_refusal(cfg) if cfg is not None else None
+    if cfg is not None and refusal is None:
+        warn("rollout.engine=auto: vLLM samples (installed, and it serves the model); rollout.engine=native or hf "
              "decodes in the training module instead")
         return build_vllm(cfg, policy, tokenizer, device)
+    if refusal is not None and vllm_missing() is None:
+        warn(f"rollout.engine=auto: vLLM is installed but does not sample ({refusal[0]}); mrl's decoders sample in "
+             "the training module")
     if device.type == "cuda":
         return InProcessEngine(policy, tokenizer, device, auto_cuda_decode)
     return InProcessEngine(policy, tokenizer, device, hf_decode if unsupported(policy) else auto_decode)
@@ -659,6 +674,4 @@ def check(cfg) -> None:
     SAMPLER_WEIGHTS.choose(cfg.rollout.importance_weight, "token_truncate weighs each token by min(r, cap), as TRL's "
                            "vllm_importance_sampling_correction")
     if cfg.rollout.engine == "vllm":
-        reason = vllm_refusal(cfg)
-        if reason is not None:
-            raise UserError(f"rollout.engine=vllm: {reason}")
+        refuse_vllm(cfg)

@@ -39,25 +39,41 @@ ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def missing() -> str | None:
-    """Why vLLM cannot be imported here, in one line naming the fix; None when it can (without importing it)."""
-    if importlib.util.find_spec("vllm") is None:
-        return f"vLLM is not installed: {INSTALL}"
-    return None
+    """"vLLM is not installed" where it cannot be imported here (the fix: `INSTALL`); None where it can (found without
+    importing it)."""
+    return "vLLM is not installed" if importlib.util.find_spec("vllm") is None else None
 
 
-def unsupported_architectures(model_dir: str | Path) -> str | None:
-    """Why vLLM cannot run the model in `model_dir` (its config's architectures), in one line; None when it can, or
-    when the dir has no config.json to read (a hub id: vLLM says so when it loads it).  Imports vLLM."""
+def unsupported_model(model_dir: str | Path) -> str | None:
+    """Why vLLM cannot serve the model in `model_dir`, in one line; None when it can, or when the dir has no
+    config.json to read (a hub id: vLLM says so when it loads it).  Read from its config, before anything starts:
+    its architectures must have a vLLM model class, and on vLLM's CPU build its attention head size must be one the
+    CPU attention kernel has (32, 64, 80, ... 512: a tiny test model's 16 is refused there, at start-up).  Imports
+    vLLM."""
     config = Path(model_dir) / "config.json"
     if not config.is_file():
         return None
-    architectures = json.loads(config.read_text()).get("architectures") or []
+    raw = json.loads(config.read_text())
+    architectures, settings = raw.get("architectures") or [], raw.get("text_config") or raw
     with vllm_env():
         from vllm import ModelRegistry
+        from vllm.platforms import current_platform
 
         known = set(ModelRegistry.get_supported_archs())
+        if current_platform.is_cpu():
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            head_sizes = CPUAttentionBackend.get_supported_head_sizes()
+        else:
+            head_sizes = None
     if not architectures or not set(architectures) & known:
         return f"vLLM has no model class for {', '.join(architectures) or 'a config without architectures'}"
+    heads = settings.get("num_attention_heads")
+    head_dim = settings.get("head_dim") or (settings["hidden_size"] // heads if heads and "hidden_size" in settings
+                                            else None)
+    if head_sizes and head_dim is not None and head_dim not in head_sizes:
+        return (f"vLLM's CPU attention has no kernel for head size {head_dim} (it has "
+                f"{', '.join(map(str, head_sizes))})")
     return None
 
 
