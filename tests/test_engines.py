@@ -69,6 +69,9 @@ class ScriptedEngine:
         assert policy is self.policy  # the live policy, the one the builder was given
         self.calls.append("sync")
 
+    def close(self) -> None:
+        self.calls.append("close")
+
 
 @pytest.fixture
 def scripted(monkeypatch):
@@ -90,7 +93,7 @@ def test_a_registered_engine_drives_training_and_is_synced_after_each_update(scr
     cfg = make_cfg("algo=grpo", "rollout.engine=scripted", "trainer.max_steps=2")
     final = train(cfg, tmp_path)
     [engine] = scripted
-    assert engine.calls == ["generate", "sync", "generate", "sync"]  # once per update, after it
+    assert engine.calls == ["generate", "sync", "generate", "sync", "close"]  # a sync after each update; closed
     records = read_metrics(tmp_path / METRICS_FILE)
     assert [r["step"] for r in records] == [1, 2]
     # The loop scored and trained on what the engine returned: half of each group right, every answer 2 tokens.
@@ -104,5 +107,5 @@ def test_no_update_no_sync(scripted, make_cfg, tmp_path):
     """Dynamic sampling that finds no live group skips the update: the weights did not move, nothing to sync."""
     cfg = make_cfg("algo=dapo", "rollout.engine=scripted_same", "trainer.max_steps=1", "algo.max_gen_batches=2")
     final = train(cfg, tmp_path)
-    assert scripted[0].calls == ["generate", "generate"]  # two rounds of dead groups, no update
+    assert scripted[0].calls == ["generate", "generate", "close"]  # two rounds of dead groups, no update
     assert final["dapo/skipped_update"] == 1.0

@@ -200,8 +200,11 @@ def smollm2():
 
 @pytest.fixture(scope="module")
 def vllm_engine(smollm2):
+    """One engine for the module's tests (a start takes ~30 s), shut down after them (its process group with it)."""
     cfg, policy, tokenizer, _, _ = smollm2
-    return ROLLOUT_ENGINES["vllm"](cfg, policy, tokenizer, CPU)
+    engine = ROLLOUT_ENGINES["vllm"](cfg, policy, tokenizer, CPU)
+    yield engine
+    engine.close()
 
 
 TENSORS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "completion_attention")

@@ -536,7 +536,9 @@ class RolloutEngine(Protocol):
     """Generation, behind one seam: prompts, G, sampling settings and the episode protocol in, `Rollouts` out,
     token-in/token-out (the ids trained on are the ids sampled).  The loop calls `sync_weights` after every update,
     so that the next rollouts sample the new weights; an engine that samples from the training module itself has
-    nothing to do there.  Implementations are built by name from `ROLLOUT_ENGINES` (config: `rollout.engine`)."""
+    nothing to do there.  `close` ends it when its run (or evaluation) does: an engine of its own (vLLM) releases its
+    memory and process group there, not at the interpreter's exit.  Implementations are built by name from
+    `ROLLOUT_ENGINES` (config: `rollout.engine`)."""
 
     tokenizer: Any  # the policy's: its pad id joins the rollouts of several calls (mrl.train.evaluate.in_chunks)
 
@@ -544,6 +546,8 @@ class RolloutEngine(Protocol):
                  protocol: ToolProtocol) -> Rollouts: ...
 
     def sync_weights(self, policy: torch.nn.Module) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class InProcessEngine:
@@ -563,6 +567,9 @@ class InProcessEngine:
                         self.decode)
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
 
@@ -590,6 +597,9 @@ class VllmEngine:
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         self.sampler.load(policy)
+
+    def close(self) -> None:
+        self.sampler.close()
 
 
 # rollout.engine -> a builder (cfg, the policy module, tokenizer, device) -> RolloutEngine.  A builder gets the live

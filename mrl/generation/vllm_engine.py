@@ -192,6 +192,16 @@ class VllmSampler:
             turns.append((ids, [step[token].logprob for step, token in zip(sample.logprobs, ids)]))
         return turns
 
+    def close(self) -> None:
+        """vLLM's engine shut down as vLLM's own tests end one (`EngineCore.shutdown`): its process group destroyed,
+        the garbage collector's freeze of start-up undone, its memory released; the model dir removed.  Left to the
+        interpreter, the group stays the process's default: a DeepSpeed run later in the same process (a test
+        suite, a notebook) would find it initialized and take it for its own.  Idempotent."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+        self.directory.cleanup()
+
     def wake(self) -> None:
         if self.asleep:
             self.llm.wake_up()

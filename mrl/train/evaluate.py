@@ -432,9 +432,12 @@ def evaluate_policy(cfg, policy, tokenizer, device: torch.device, num_prompts: i
     prompts = nonempty_held_out(task, num_prompts)
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
     engine = ROLLOUT_ENGINES.choose(cfg.rollout.engine)(cfg, policy, tokenizer, device)
-    with separate_rng(seed, device):
-        held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), samples,
-                              episode_protocol(cfg, tokenizer, task), reward_set, cfg.trainer.eval_batch_tokens)
+    try:
+        with separate_rng(seed, device):
+            held = score_held_out(engine, prompts, Sampling.of(cfg.trainer), samples,
+                                  episode_protocol(cfg, tokenizer, task), reward_set, cfg.trainer.eval_batch_tokens)
+    finally:
+        engine.close()
     report = {**header, **summarize(held, cfg.rewards.pass_channel)}
     with disk_faults(out, EVAL_AGAIN):
         out.mkdir(parents=True, exist_ok=True)

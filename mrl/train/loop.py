@@ -238,6 +238,7 @@ class Run:
     precision_gap_due: bool = False  # perf/precision_logprob_gap not logged yet (bf16 compute)
 
     def close(self) -> None:
+        self.engine.close()
         self.progress.close()
         self.metrics_file.close()
         if self.wandb is not None:
