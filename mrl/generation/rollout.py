@@ -32,6 +32,7 @@ from mrl.generation.vllm_engine import INSTALL as VLLM_INSTALL
 from mrl.generation.vllm_engine import VllmSampler, VllmSettings, unsupported_model
 from mrl.generation.vllm_engine import missing as vllm_missing
 from mrl.modeling.models import BUILTIN_TINY, cache_kwarg, empty_cache, hf_model, position_ids, rows_of
+from mrl.modeling.precision import model_precision
 
 
 @dataclass
@@ -640,9 +641,11 @@ def refuse_vllm(cfg) -> None:
 
 def build_vllm(cfg, policy: torch.nn.Module, tokenizer, device: torch.device) -> VllmEngine:
     """`rollout.engine=vllm`: vLLM in this process, started from the live policy's weights (a warm start's or a
-    resumed checkpoint's), in model.dtype (mrl/generation/vllm_engine.py)."""
+    resumed checkpoint's), computing in the trainer's compute dtype (mrl.modeling.precision: bf16 on a CPU with native
+    bf16 matmuls under `auto`, model.dtype on a GPU), as the training module's own decoders do."""
     refuse_vllm(cfg)
-    sampler = VllmSampler(policy, tokenizer, device, VllmSettings.of(cfg), getattr(torch, cfg.model.dtype))
+    dtype = model_precision(cfg.model, device).compute or torch.float32
+    sampler = VllmSampler(policy, tokenizer, device, VllmSettings.of(cfg), dtype)
     return VllmEngine(sampler, tokenizer, device, end_token_ids(hf_model(policy), tokenizer))
 
 
