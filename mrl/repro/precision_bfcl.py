@@ -25,8 +25,8 @@ from typing import Any
 
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, markdown_table, side_by_side, write_summary
-from mrl.repro.paired import COLUMNS, RULE, Outcomes, last_outcomes, paired_verdict, record_outcomes, verdict_cells
-from mrl.repro.train_bfcl import RL, SAMPLES, SFT, SFT_STEPS, SHARED
+from mrl.repro.paired import COLUMNS, RULE, Outcomes, last_outcomes, record_outcomes
+from mrl.repro.train_bfcl import RL, SAMPLES, SFT, SFT_STEPS, SHARED, comparison_rows, seeds
 from mrl.runs.tracking import METRICS_FILE, read_metrics
 from mrl.train.evaluate import outcomes_path
 
@@ -37,11 +37,6 @@ ARM_RL = [*(a for a in RL if not a.startswith("trainer.eval_every=")), f"trainer
 CHANNELS = (("correctness", "correctness"), ("format", "format"))
 TIMES = ("perf/rollout_s", "perf/update_s", "perf/step_s")
 GAPS = ("perf/precision_logprob_gap", "perf/precision_logprob_gap_max")
-
-
-def seeds() -> list[int]:
-    """$SEEDS (comma-separated; 0,1 unless set)."""
-    return [int(s) for s in os.environ.get("SEEDS", "0,1").split(",")]
 
 
 def sft_args(seed: int, root: Path) -> list[str]:
@@ -73,17 +68,8 @@ COMPARISONS = (("bfloat16", "start", "bf16 RL over its start"), ("float32", "sta
 
 
 def verdict_rows(root: Path, seed_list: list[int]) -> list[list[str]]:
-    """A row per channel, comparison and seed, then the seeds together: both sides' mean@k and the verdicts."""
-    rows = []
-    for channel, label in CHANNELS:
-        table = outcomes(root, seed_list, channel)
-        for ours, theirs, what in COMPARISONS:
-            for group in [[s] for s in seed_list] + ([seed_list] if len(seed_list) > 1 else []):
-                a, b = ({s: table[side][s] for s in group} for side in (ours, theirs))
-                means_a, means_b = ([sum(v.values()) / len(v) for v in side.values()] for side in (a, b))
-                rows.append([f"{label}: {what}", ",".join(map(str, group)), warm.cell(means_a), warm.cell(means_b),
-                             *verdict_cells(means_a, means_b, paired_verdict(a, b))])
-    return rows
+    """train-bfcl's `comparison_rows` of COMPARISONS on CHANNELS."""
+    return comparison_rows(lambda channel: outcomes(root, seed_list, channel), CHANNELS, COMPARISONS, seed_list)
 
 
 def speed_rows(root: Path, seed_list: list[int]) -> list[list[Any]]:

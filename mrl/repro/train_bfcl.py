@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mrl.repro import warm
 from mrl.repro.common import REPORTS, markdown_table, side_by_side, write_summary
@@ -83,19 +83,26 @@ def stage_outcomes(root: Path, seed_list: list[int], channel: str) -> dict[str, 
     return out
 
 
-def gain_rows(root: Path, seed_list: list[int]) -> list[list[str]]:
-    """A row per channel, comparison (STAGES) and seed, then both seeds together: each side's mean@k (mean ± SE
-    over the seeds in the row) and the paired and unpaired verdicts."""
+def comparison_rows(outcomes_of: Callable[[str], dict[str, Outcomes]], channels, comparisons,
+                    seed_list: list[int]) -> list[list[str]]:
+    """A row per channel ((key, label) of `channels`), comparison ((ours, theirs, what): keys of the table
+    `outcomes_of(channel)` gives) and seed, then the seeds together: each side's mean@k (mean ± SE over the seeds in
+    the row) and the paired and unpaired verdicts."""
     rows = []
-    for channel, label in CHANNELS:
-        outcomes = stage_outcomes(root, seed_list, channel)
-        for ours, theirs, what in STAGES:
+    for channel, label in channels:
+        outcomes = outcomes_of(channel)
+        for ours, theirs, what in comparisons:
             for group in [[s] for s in seed_list] + ([seed_list] if len(seed_list) > 1 else []):
                 a, b = ({s: outcomes[side][s] for s in group} for side in (ours, theirs))
                 means_a, means_b = ([sum(v.values()) / len(v) for v in side.values()] for side in (a, b))
                 rows.append([f"{label}: {what}", ",".join(map(str, group)), warm.cell(means_a), warm.cell(means_b),
                              *verdict_cells(means_a, means_b, paired_verdict(a, b))])
     return rows
+
+
+def gain_rows(root: Path, seed_list: list[int]) -> list[list[str]]:
+    """`comparison_rows` of the stages (STAGES) on CHANNELS."""
+    return comparison_rows(lambda channel: stage_outcomes(root, seed_list, channel), CHANNELS, STAGES, seed_list)
 
 
 STAGE_KEYS = ["eval/accuracy", "eval/format/mean", f"eval/correctness/mean@{SAMPLES}", f"eval/format/mean@{SAMPLES}"]
