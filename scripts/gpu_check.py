@@ -6,7 +6,8 @@
 For each architecture (Qwen3-0.6B, Qwen2.5-1.5B-Instruct: random weights, mrl/modeling/local_models.py) it measures the
 rollout engines (`measure_engines`: tokens/s of HF generate, the native decoder and the captured one at 8, 64 and
 256 rows, each as a fraction of the bandwidth bound, rows x measured copy bandwidth / weight bytes; fails where the
-captured decoder's greedy rows equal HF generate's on under 90%), compares mrl's
+captured decoder's greedy rows equal HF generate's on under 90%; `measure_vllm`: vLLM's, where it is installed,
+with `make install-vllm`'s CUDA build, in the same table), compares mrl's
 native decoder with HF generate (equal tokens, time: `compare_decoders`), then runs
 `mrl train model.dtype=bfloat16 deepspeed=zero2` for a few steps of the agent task (GRPO with a KL reference, so the
 reference path runs too), prints what metrics.jsonl measured per step (rollout tokens/s, step time, peak GPU
@@ -222,6 +223,46 @@ def measure_engines(model, device: torch.device, rows_list: tuple[int, ...] = (8
     return results, problems
 
 
+def measure_vllm(model, tokenizer_path: Path, device: torch.device, rows_list: tuple[int, ...] = (8, 64, 256),
+                 tokens: int = 64, prompt: int = 64, bandwidth: float | None = None) -> list[dict]:
+    """`measure_engines`' measurement of vLLM: the sampler `rollout.engine=vllm` starts (mrl.generation.vllm_engine,
+    from `model`'s weights, in their dtype), on the same random prompts, sampled at temperature 1, every row decoding
+    `tokens` (`ignore_eos`, nothing detokenized: `model`'s vocabulary need not be the tokenizer's); the timed call is
+    the second.  [] where vLLM is not importable, said in one line (`make install-vllm` installs it)."""
+    from mrl.generation.vllm_engine import VllmSampler, VllmSettings, missing
+    from mrl.modeling.models import load_tokenizer
+
+    if missing() is not None:
+        print(f"  vllm: not measured ({missing()}: make install-vllm)")
+        return []
+    from vllm import SamplingParams
+
+    tokenizer = load_tokenizer(str(tokenizer_path))
+    settings = VllmSettings(max_model_len=prompt + tokens, kv_cache_gb=4.0, gpu_memory_utilization=0.3, sleep=False)
+    sampler = VllmSampler(model, tokenizer, device, settings, next(model.parameters()).dtype)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = bandwidth or copy_bandwidth(device)
+    vocab = min(model.config.vocab_size, len(tokenizer))  # ids both the model and vLLM's prompt check accept
+    params = SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, detokenize=False, seed=0)
+    results = []
+    try:
+        for rows in rows_list:
+            generator = torch.Generator().manual_seed(rows)
+            prompts = [{"prompt_token_ids": row} for row in torch.randint(2, vocab, (rows, prompt),
+                                                                          generator=generator).tolist()]
+            for _ in range(2):  # warm-up, then timed
+                start = time.perf_counter()
+                outputs = sampler.llm.generate(prompts, params, use_tqdm=False)
+                seconds = time.perf_counter() - start
+            generated = sum(len(output.outputs[0].token_ids) for output in outputs)
+            results.append({"rows": rows, "engine": "vllm", "tokens_per_s": generated / seconds, "seconds": seconds,
+                            "generated": generated, "peak_mb": None, "greedy_equal": None,
+                            "bound_fraction": generated / seconds / (rows * bandwidth / weights)})
+    finally:
+        sampler.close()
+    return results
+
+
 def print_engines(arch: str, results: list[dict]) -> None:
     """The measured table, as docs/gpu.md shows it."""
     print("  | layout | rows | engine | tokens/s | of the bound | x HF generate | peak MiB | greedy rows = HF |")
@@ -271,6 +312,7 @@ def main() -> None:
         model = layout_model(arch, device)
         results, engine_problems = measure_engines(model, device, tuple(args.rows), args.tokens,
                                                    bandwidth=bandwidth)
+        results += measure_vllm(model, tokenizer, device, tuple(args.rows), args.tokens, bandwidth=bandwidth)
         del model
         torch.cuda.empty_cache()
         print_engines(arch, results)

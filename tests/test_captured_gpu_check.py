@@ -61,3 +61,32 @@ def test_the_lora_run_decodes_with_the_captured_engine_kl_on(arch, tmp_path):
     cfg = compose_config(*[o for o in overrides if not o.startswith("hydra.")], shrink=False)
     assert (cfg.model.lora.r, cfg.rollout.engine, cfg.deepspeed.stage) == (16, "captured", 2)
     assert cfg.algo.kl_coef > 0 and cfg.model.dtype == "bfloat16"
+
+
+SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
+
+
+def test_the_vllm_arm_says_why_it_is_not_measured(monkeypatch, capsys):
+    import mrl.generation.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "missing", lambda: "vLLM is not installed")
+    assert gpu_check.measure_vllm(None, SMOLLM2, CPU) == []
+    assert capsys.readouterr().out == "  vllm: not measured (vLLM is not installed: make install-vllm)\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not (SMOLLM2 / "config.json").exists(),
+                    reason="needs vLLM (make install-vllm) and SmolLM2 (make smollm2)")
+def test_the_vllm_arm_measures_every_row_decoding_its_tokens():
+    """On CPU, SmolLM2 (vLLM's CPU build cannot serve the dry run's tiny layout): 2 and 3 rows x 8 tokens, every row
+    decoding all 8 (no stop), tokens/s and the bound fraction from the timed call."""
+    from mrl.modeling.models import load_causal_lm
+
+    cfg = compose_config("model=smollm2_local", f"model.name_or_path={SMOLLM2}", "model.compute_dtype=float32",
+                         shrink=False)
+    model = load_causal_lm(str(SMOLLM2), cfg.model, CPU).eval()
+    results = gpu_check.measure_vllm(model, SMOLLM2, CPU, (2, 3), tokens=8, prompt=16, bandwidth=1e9)
+    assert [(r["rows"], r["engine"], r["generated"]) for r in results] == [(2, "vllm", 16), (3, "vllm", 24)]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    for r in results:
+        assert r["tokens_per_s"] == pytest.approx(r["generated"] / r["seconds"])
+        assert r["bound_fraction"] == pytest.approx(r["tokens_per_s"] / (r["rows"] * 1e9 / weights))
