@@ -289,3 +289,18 @@ def test_three_steps_keep_the_engine_on_policy(tmp_path, monkeypatch):
     stale = read_metrics(tmp_path / "stale" / METRICS_FILE)
     assert stale[0]["rollout/logprob_gap_max"] < 1e-3  # step 1: nothing to sync yet
     assert stale[-1]["rollout/logprob_gap_max"] > 1e-2, [m["rollout/logprob_gap_max"] for m in stale]
+
+
+@needs_vllm
+def test_seeded_requests_longer_than_one_prefill_batch_sample(smollm2, vllm_engine):
+    """Prompts whose tokens together pass one step's prefill budget (held-out evaluation's long tool prompts): each
+    prompt is prefilled whole (chunked, vLLM 0.32's CPU runner rewinds the seeded request's generator and fails:
+    "CPU Generator does not use offset"), and the same seeds draw the same tokens."""
+    sampler = vllm_engine.sampler
+    length = sampler.settings.max_model_len // 2 - 8
+    rows = torch.randint(100, 40000, (3, length), generator=torch.Generator().manual_seed(0)).tolist()
+    torch.manual_seed(2)
+    first = sampler.turn(rows, [4] * 3, Sampling(4), [], ())
+    torch.manual_seed(2)
+    again = sampler.turn(rows, [4] * 3, Sampling(4), [], ())
+    assert [ids for ids, _ in first] == [ids for ids, _ in again] and all(len(ids) == 4 for ids, _ in first)

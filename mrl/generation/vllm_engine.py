@@ -140,7 +140,10 @@ class VllmSampler:
         kwargs: dict[str, Any] = (
             {"gpu_memory_utilization": settings.gpu_memory_utilization, "enable_sleep_mode": self.sleeps}
             if device.type == "cuda" else
-            {"kv_cache_memory_bytes": int(settings.kv_cache_gb * 2**30), "enforce_eager": True})
+            # Whole prompts only: a prompt prefilled in chunks makes vLLM 0.32's CPU runner rewind the seeded request's
+            # generator, which a CPU generator cannot do (RuntimeError: CPU Generator does not use offset).
+            {"kv_cache_memory_bytes": int(settings.kv_cache_gb * 2**30), "enforce_eager": True,
+             "enable_chunked_prefill": False, "max_num_batched_tokens": settings.max_model_len})
         try:
             with vllm_env():
                 from vllm import LLM
