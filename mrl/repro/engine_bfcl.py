@@ -69,8 +69,9 @@ def gap_rows(runs: dict[str, Path]) -> list[list[Any]]:
         records = [r for r in read_metrics(run / METRICS_FILE) if r.get(GAPS[0]) is not None]
         for key in GAPS:
             values = [r[key] for r in records]
-            rows.append([label, key, len(values), f"{statistics.fmean(values):.4f}", f"{values[0]:.4f}",
-                         f"{values[-1]:.4f}", f"{max(values):.4f}"])
+            shown = "{:.4f}" if key == "rollout/importance_weight" else "{:.2e}"  # fp32's gaps are ~1e-6
+            rows.append([label, key, len(values), *(shown.format(v) for v in (statistics.fmean(values), values[0],
+                                                                               values[-1], max(values)))])
     return rows
 
 
