@@ -40,6 +40,8 @@ class ScriptedEngine:
     the digit after it (`same`: all the target), one digit then <eos>, token-in/token-out.  Records the loop's
     calls."""
 
+    copies_weights = False  # it reads the live policy
+
     def __init__(self, policy: torch.nn.Module, tokenizer, same: bool):
         self.policy, self.tokenizer, self.same = policy, tokenizer, same
         self.initial = {k: v.clone() for k, v in policy.state_dict().items()}

@@ -141,15 +141,21 @@ def test_lora_weights_reach_the_engine_merged(cfg):
 
 
 def test_vllm_refusals_name_the_fix(monkeypatch):
-    """The built-in tiny model, ZeRO-3, vLLM not installed: one line each, at validation (before anything is
-    written)."""
+    """The built-in tiny model, vLLM not installed, several ranks: one line each, at validation (before anything is
+    written); ZeRO-3 is not refused (its weights are gathered for vLLM)."""
     with pytest.raises(UserError, match=r"rollout.engine=vllm: vLLM cannot run the built-in tiny model"):
         validate(compose_config("rollout.engine=vllm"))
     monkeypatch.setattr(rollout, "vllm_missing", lambda: "vLLM is not installed")
     with pytest.raises(UserError, match=r"rollout.engine=vllm: vLLM is not installed: pip install 'mrl\[vllm\]'"):
         validate(compose_config("rollout.engine=vllm", f"model.name_or_path={SMOLLM2}"))
-    with pytest.raises(UserError, match="ZeRO-3 partitions the weights"):
-        validate(compose_config("rollout.engine=vllm", f"model.name_or_path={SMOLLM2}", "deepspeed=zero3"))
+    monkeypatch.setattr(rollout, "vllm_missing", lambda: None)
+    monkeypatch.setattr(rollout, "unsupported_model", lambda model_dir: None)
+    zero3 = compose_config("rollout.engine=vllm", f"model.name_or_path={SMOLLM2}", "deepspeed=zero3")
+    assert rollout.vllm_refusal(zero3) is None  # its weights are gathered for vLLM
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"rollout.engine=vllm: one vLLM per rank is not built \(2 ranks\): run on one "
+                                        r"process, or rollout.engine=auto"):
+        validate(compose_config("rollout.engine=vllm", f"model.name_or_path={SMOLLM2}", "deepspeed=zero2"))
     with pytest.raises(UserError, match="rollout.importance_weight='tis'"):
         validate(compose_config("rollout.importance_weight=tis"))
     with pytest.raises(UserError, match="rollout.importance_cap"):
@@ -304,3 +310,20 @@ def test_seeded_requests_longer_than_one_prefill_batch_sample(smollm2, vllm_engi
     torch.manual_seed(2)
     again = sampler.turn(rows, [4] * 3, Sampling(4), [], ())
     assert [ids for ids, _ in first] == [ids for ids, _ in again] and all(len(ids) == 4 for ids, _ in first)
+
+
+@needs_vllm
+def test_zero3_gathers_the_weights_vllm_starts_from_and_reloads(tmp_path):
+    """deepspeed=zero3 in one process: vLLM is built and synced with the partitioned weights gathered
+    (mrl.train.loop.build_engine, sync_engine), so 3 GRPO steps at lr 1e-4 that move the weights keep the sampler's
+    log-probs within 1e-3 of the trainer's in fp32 (a partition, or no gather, would not load at all)."""
+    from mrl.train.loop import train
+
+    train(compose_config("rollout.engine=vllm", "deepspeed=zero3", "model=smollm2_local",
+                         f"model.name_or_path={SMOLLM2}", "rewards=calc_agent", "algo=grpo", "trainer.max_steps=3",
+                         "trainer.prompts_per_step=2", "trainer.group_size=4", "trainer.micro_batch_size=8",
+                         "trainer.max_new_tokens=48", "trainer.lr=1e-4", "trainer.save_every=1000",
+                         "trainer.eval_every=0", "logger=none", *FP32, shrink=False), tmp_path)
+    steps = read_metrics(tmp_path / METRICS_FILE)
+    assert [m["step"] for m in steps] == [1, 2, 3] and steps[0]["adv/std"] > 0  # the first update moves the weights
+    assert all(m["rollout/logprob_gap_max"] < 1e-3 for m in steps), [m["rollout/logprob_gap_max"] for m in steps]

@@ -24,7 +24,7 @@ from mrl.algo.losses import SAMPLER_WEIGHTS
 from mrl.chat.protocols import ToolProtocol, Turn
 from mrl.chat.stops import Stops, first_stop, spelled_stop
 from mrl.core.config import Registry, UserError
-from mrl.core.distributed import warn
+from mrl.core.distributed import warn, world_size
 from mrl.core.episode import Episode, Prompt, ToolCall
 from mrl.generation.captured import captured_decoder, first_use_check
 from mrl.generation.decoder import DecodeRequest, NativeDecoder, mismatch, unsupported
@@ -542,6 +542,9 @@ class RolloutEngine(Protocol):
     `ROLLOUT_ENGINES` (config: `rollout.engine`)."""
 
     tokenizer: Any  # the policy's: its pad id joins the rollouts of several calls (mrl.train.evaluate.in_chunks)
+    # Whether it holds a copy of the policy's weights (vLLM): the loop then builds and syncs it with the weights
+    # whole (ZeRO-3 gathers them for the span); one that samples from the training module needs no gather there.
+    copies_weights: bool
 
     def generate(self, prompts: list[Prompt], group_size: int, sampling: Sampling,
                  protocol: ToolProtocol) -> Rollouts: ...
@@ -557,6 +560,8 @@ class InProcessEngine:
     (`native_decode`), its captured variant (`captured_decode`), or the one `auto` picks (`auto_decode`,
     `auto_cuda_decode`).  Nothing to sync: it samples from the weights the optimizer just stepped in place (the
     captured decoder's graphs read them there)."""
+
+    copies_weights = False
 
     def __init__(self, model: torch.nn.Module, tokenizer, device: torch.device, decode: Decode = hf_decode):
         self.model, self.tokenizer, self.device, self.decode = model, tokenizer, device, decode
@@ -579,6 +584,8 @@ class VllmEngine:
     layout, stops, tool turns and masks as `generate`), each turn of the active episodes one batch of token-id requests
     to vLLM, which returns the tokens and their log-probs (`Rollouts.sampler_logprobs`).  `sync_weights` loads the
     policy's weights after every update."""
+
+    copies_weights = True
 
     def __init__(self, sampler, tokenizer, device: torch.device, end_ids: list[int]):
         self.sampler, self.tokenizer, self.device, self.end_ids = sampler, tokenizer, device, end_ids
@@ -624,8 +631,9 @@ def vllm_refusal(cfg) -> tuple[str, str] | None:
     if cfg.model.name_or_path == BUILTIN_TINY:
         return (f"vLLM cannot run the built-in tiny model ({BUILTIN_TINY}: a word-level vocabulary of its own)",
                 "use a model vLLM knows (model=smollm2_local after `make smollm2`), or rollout.engine=auto")
-    if cfg.deepspeed.enabled and cfg.deepspeed.stage == 3:
-        return "ZeRO-3 partitions the weights vLLM loads after every update", "use deepspeed=zero2 (or none)"
+    if world_size() > 1:  # each rank's vLLM would take the launcher's group for its own (TRL: external_launcher)
+        return (f"one vLLM per rank is not built ({world_size()} ranks)",
+                "run on one process, or rollout.engine=auto (mrl's decoders on every rank)")
     if vllm_missing() is not None:
         return vllm_missing(), VLLM_INSTALL
     reason = unsupported_model(os.path.expanduser(cfg.model.name_or_path))

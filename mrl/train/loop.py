@@ -164,8 +164,22 @@ def update_policy(run: Run, batch: StepBatch) -> dict[str, float | None]:
     sums, mini_batches = {}, 0
     if not batch.skip_update:
         sums, mini_batches = update(run.algo, run.actor, run.critic, batch)
-        run.engine.sync_weights(run.actor.module.policy)
+        sync_engine(run.engine, run.actor)
     return update_metrics(sums, mini_batches)
+
+
+def build_engine(cfg, actor: Trainable, tokenizer, device: torch.device) -> RolloutEngine:
+    """`rollout.engine`'s engine, built from the live policy with its weights whole (ZeRO-3: gathered once, so that
+    an engine copying them, vLLM, starts from the whole model and not from this rank's partition)."""
+    with actor.whole():
+        return ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
+
+
+def sync_engine(engine: RolloutEngine, actor: Trainable) -> None:
+    """The engine given the policy's weights as they are now: gathered first under ZeRO-3 where it holds a copy of
+    them (vLLM); an engine sampling from the training module itself reads them in place, with no gather."""
+    with actor.whole() if engine.copies_weights else nullcontext():
+        engine.sync_weights(actor.module.policy)
 
 
 class StepClock:
@@ -279,7 +293,7 @@ def start_run(cfg: DictConfig, run_dir: Path) -> Run:
         if cfg.logger.backend == "wandb" and dist.is_main() else None
     progress = dist.on_main(lambda: Progress(trainer.max_steps, state["step"], reward_set.names,
                                              cfg.logger.log_every))
-    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
+    engine = build_engine(cfg, actor, tokenizer, device)
     return Run(run_dir=run_dir, device=device, tokenizer=tokenizer, actor=actor, critic=critic, reference=reference,
                engine=engine, task=task, reward_set=reward_set, estimator=estimator,
                collecting=CollectSettings.of(cfg, sampling, episode_protocol(cfg, tokenizer, task), estimator),

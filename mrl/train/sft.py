@@ -35,7 +35,7 @@ from mrl.core import distributed as dist
 from mrl.core.config import UserError
 from mrl.core.data import EpochStream, load_records, split_train_eval
 from mrl.envs.task import Task, build_task, episode_protocol
-from mrl.generation.rollout import ROLLOUT_ENGINES, Rollouts, Sampling, end_token_ids
+from mrl.generation.rollout import Rollouts, Sampling, end_token_ids
 from mrl.modeling.heap import keep_freed_memory
 from mrl.modeling.lora import load_policy
 from mrl.modeling.models import Actor, load_tokenizer, quiet_transformers, resolve_model_path
@@ -47,7 +47,7 @@ from mrl.runs.tracking import METRICS_FILE, MetricsFile, Progress, WandbSink
 from mrl.runs.warm_start import warm_start
 from mrl.train.demonstrations import Played, play, play_conversation
 from mrl.train.evaluate import HeldOutSettings, held_out_metrics, outcomes_path
-from mrl.train.loop import seed_everything
+from mrl.train.loop import build_engine, seed_everything, sync_engine
 from mrl.train.update import policy_forward
 from mrl.train.validation import validate
 
@@ -161,13 +161,13 @@ def start_sft(cfg: DictConfig, run_dir: Path) -> SftRun:
         load_rng_state(resume_from, dist.rank())
         state = json.loads((resume_from / STATE_FILE).read_text())
     reward_set = build_reward_set(cfg.rewards, cfg.algo)
-    engine = ROLLOUT_ENGINES[cfg.rollout.engine](cfg, actor.module.policy, tokenizer, device)
+    engine = build_engine(cfg, actor, tokenizer, device)
     protocol, held_out = episode_protocol(cfg, tokenizer, task), HeldOutSettings.of(cfg, Sampling.of(cfg.trainer))
 
     def evaluate(step: int) -> dict[str, Any]:
         """The held-out prompts (mrl.train.evaluate, as `mrl train` scores them): eval/... keys; rank 0 writes every
         episode's outcome to held_out/step_<step>.jsonl."""
-        engine.sync_weights(actor.module.policy)
+        sync_engine(engine, actor)
         outcomes = outcomes_path(run_dir, step) if dist.is_main() else None
         return held_out_metrics(held_out, engine, task, protocol, reward_set, device, actor.whole, outcomes)
 
