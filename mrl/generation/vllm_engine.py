@@ -92,6 +92,19 @@ def vllm_env():
                 os.environ[key] = value
 
 
+@contextmanager
+def keeping_default_group(keep: bool) -> Iterator[None]:
+    """With `keep`, `torch.distributed.destroy_process_group()` of the default group is a no-op for the span (vLLM's
+    shutdown calls it whoever started the group); its own groups are destroyed as ever."""
+    destroy = torch.distributed.destroy_process_group
+    if keep:
+        torch.distributed.destroy_process_group = lambda group=None: None if group is None else destroy(group)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = destroy
+
+
 @dataclass(frozen=True)
 class VllmSettings:
     """rollout.vllm.* (mrl/core/config.py VllmSettings), built once from the config (`of`)."""
@@ -137,6 +150,7 @@ class VllmSampler:
         model.save_pretrained(self.directory.name, state_dict=dict(plain_weights(policy)))
         tokenizer.save_pretrained(self.directory.name)
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        self.found_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         kwargs: dict[str, Any] = (
             {"gpu_memory_utilization": settings.gpu_memory_utilization, "enable_sleep_mode": self.sleeps}
             if device.type == "cuda" else
@@ -199,9 +213,12 @@ class VllmSampler:
         """vLLM's engine shut down as vLLM's own tests end one (`EngineCore.shutdown`): its process group destroyed,
         the garbage collector's freeze of start-up undone, its memory released; the model dir removed.  Left to the
         interpreter, the group stays the process's default: a DeepSpeed run later in the same process (a test
-        suite, a notebook) would find it initialized and take it for its own.  Idempotent."""
+        suite, a notebook) would find it initialized and take it for its own.  A default group that was there before
+        vLLM started (DeepSpeed's: vLLM builds on it) is kept: DeepSpeed caches groups built on it, and a later
+        DeepSpeed run in the process would meet them destroyed.  Idempotent."""
         if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()
+            with keeping_default_group(self.found_group):
+                self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
         self.directory.cleanup()
 
