@@ -116,8 +116,7 @@ def summarize(root: Path, seed_list: list[int], seconds: float) -> None:
                "is):\n\n"
     numbers += markdown_table(["seed", "arm", *(k.removeprefix("perf/") for k in precision.TIMES)],
                               speed_rows(root, seed_list))
-    same = [r for r in rows if r[0] == "correctness: vLLM over native"]
-    lost = [r for r in same if r[-1] == "NOT HELD"]
+    verdict, held = precision.correctness_verdict(rows, "vLLM over native")
     write_summary(
         NAME,
         claim=f"vLLM sampling learns as mrl's native decoder does: from the same warm start, RL with "
@@ -129,9 +128,8 @@ def summarize(root: Path, seed_list: list[int], seconds: float) -> None:
               f"{SAMPLES} times sampled at temperature 1.0; each arm evaluates on its own engine. The claim \"vLLM "
               "over native\" is NOT HELD only where its interval lies below 0. " + RULE,
         numbers=numbers,
-        verdict="vLLM - native on correctness, per seed and together: "
-                + "; ".join(f"seeds {r[1]}: {r[-3]} ({r[-1]})" for r in same) + ".",
-        held=not lost,
+        verdict="vLLM - native on correctness, per seed and together: " + verdict,
+        held=held,
         cost=f"{warm.minutes(seconds)} of wall time.",
     )
 

@@ -114,6 +114,13 @@ def cpu_name() -> str:
     return f"{model} ({', '.join(units)}; {os.cpu_count()} cores)"
 
 
+def correctness_verdict(rows: list[list[str]], what: str) -> tuple[str, bool]:
+    """The `correctness: <what>` rows of `verdict_rows`, per seed and together -> the verdict's text, and whether
+    none of them is NOT HELD (a loss the run resolves)."""
+    same = [r for r in rows if r[0] == f"correctness: {what}"]
+    return "; ".join(f"seeds {r[1]}: {r[-3]} ({r[-1]})" for r in same) + ".", all(r[-1] != "NOT HELD" for r in same)
+
+
 def summarize(root: Path, seed_list: list[int], seconds: float) -> None:
     commands = [warm.show(sft_args(seed, root)) for seed in seed_list]
     commands += [warm.show(arm_args(seed, arm, root)) for seed in seed_list for arm in ARMS]
@@ -123,8 +130,7 @@ def summarize(root: Path, seed_list: list[int], seconds: float) -> None:
                f"each, on {cpu_name()}) and the bf16 run's log-prob gap (step 1):\n\n"
     numbers += markdown_table(["seed", "arm", *(k.removeprefix("perf/") for k in TIMES),
                                *(k.removeprefix("perf/") for k in GAPS)], speed_rows(root, seed_list))
-    same = [r for r in rows if r[0] == "correctness: bf16 over fp32"]
-    lost = [r for r in same if r[-1] == "NOT HELD"]
+    verdict, held = correctness_verdict(rows, "bf16 over fp32")
     write_summary(
         NAME,
         claim=f"bf16 compute learns as fp32 does: from the same warm start, RL in bf16 ends with no lower held-out "
@@ -134,9 +140,8 @@ def summarize(root: Path, seed_list: list[int], seconds: float) -> None:
               "sampled at temperature 1.0; each arm evaluates in its own compute dtype. The claim \"bf16 over fp32\" "
               "is NOT HELD only where its interval lies below 0. " + RULE,
         numbers=numbers,
-        verdict="bf16 - fp32 on correctness, per seed and together: "
-                + "; ".join(f"seeds {r[1]}: {r[-3]} ({r[-1]})" for r in same) + ".",
-        held=not lost,
+        verdict="bf16 - fp32 on correctness, per seed and together: " + verdict,
+        held=held,
         cost=f"{warm.minutes(seconds)} of wall time.",
     )
 
